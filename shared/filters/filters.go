@@ -1,0 +1,56 @@
+// Package filters holds the event filter patterns of the reconciler's DynamoDB event
+// source, as data. The CDK stack renders them into the event source mapping and the
+// local stream poller applies them, so production and local runs see the same records.
+//
+// What passes: INSERT; REMOVE; a connection released while STARTED
+// (lease_expires_at_ms = 0, or absent); an owned connection turned STOPPED.
+// What never passes: heartbeats and checkpoints (an owned STARTED item whose expiry
+// moves), and worker registry heartbeats, so steady state costs no invocations.
+// A changed ws_url does not pass either: no pattern can compare old and new images,
+// so the owner sees the new URL on its next renew, which returns the item.
+package filters
+
+import (
+	"encoding/json"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Pattern is one Lambda event filter pattern.
+type Pattern = map[string]any
+
+func newImage(fields Pattern) Pattern {
+	return Pattern{"eventName": []any{"MODIFY"}, "dynamodb": Pattern{"NewImage": fields}}
+}
+
+func s(v ...any) Pattern { return Pattern{"S": v} }
+
+// Patterns are OR-ed: a record passes if any one matches.
+var Patterns = []Pattern{
+	{"eventName": []any{"INSERT", "REMOVE"}},
+	newImage(Pattern{
+		schema.AttrDesiredState: s(string(schema.Started)),
+		schema.AttrLeaseExpires: Pattern{"N": []any{"0"}},
+	}),
+	newImage(Pattern{
+		schema.AttrDesiredState: s(string(schema.Started)),
+		schema.AttrLeaseExpires: []any{Pattern{"exists": false}},
+	}),
+	newImage(Pattern{
+		schema.AttrDesiredState: s(string(schema.Stopped)),
+		schema.AttrLeaseOwner:   s(Pattern{"exists": true}),
+	}),
+}
+
+// JSON renders each pattern as the string Lambda expects in FilterCriteria.
+func JSON() []string {
+	out := make([]string, len(Patterns))
+	for i, p := range Patterns {
+		b, err := json.Marshal(p)
+		if err != nil {
+			panic(err) // static data; a failure here is a programming error caught by tests
+		}
+		out[i] = string(b)
+	}
+	return out
+}

@@ -1,0 +1,284 @@
+// Package codec turns connection and worker items into Go values and back.
+//
+// Decoding never panics and never trusts its input: items are partly written by
+// operators in the DynamoDB console. A decode error wraps schema.ErrInvalid and names
+// the attribute; the returned value still carries whatever was readable (at least the
+// id), so callers can log it or show it, but must not act on it.
+package codec
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Item is a DynamoDB item.
+type Item = map[string]types.AttributeValue
+
+// Connection is a connection item.
+type Connection struct {
+	ID           string
+	DesiredState schema.State
+	WSURL        string
+
+	LeaseOwner       string
+	LeaseExpiresAtMs int64 // 0: released or never owned
+	LeaseVersion     int64
+	LastSeq          int64
+
+	Status      string
+	StatusError string
+	StatusAtMs  int64
+	NudgedAtMs  int64
+}
+
+// Owned reports whether the item names an owner with an unreleased lease. It says
+// nothing about expiry: that needs a clock (see Expired).
+func (c Connection) Owned() bool { return c.LeaseOwner != "" && c.LeaseExpiresAtMs != 0 }
+
+// Expired reports whether an owned lease expired more than margin before nowMs.
+func (c Connection) Expired(nowMs, marginMs int64) bool {
+	return c.Owned() && c.LeaseExpiresAtMs < nowMs-marginMs
+}
+
+// Worker is a worker registry item.
+type Worker struct {
+	ID                   string
+	Addr                 string // host:port of the wakeup endpoint
+	Capacity             int
+	Load                 int
+	Draining             bool
+	HeartbeatExpiresAtMs int64
+	TTL                  int64 // epoch seconds
+}
+
+// Live reports whether the worker's heartbeat has not lapsed at nowMs.
+func (w Worker) Live(nowMs int64) bool { return w.HeartbeatExpiresAtMs > nowMs }
+
+// Spare is how many more connections the worker will take.
+func (w Worker) Spare() int { return max(0, w.Capacity-w.Load) }
+
+// EncodeConnection returns the full item for c. Zero lease fields are left out, as an
+// operator's console insert would leave them.
+func EncodeConnection(c Connection) Item {
+	it := Item{
+		schema.AttrPK:           S(schema.ConnKey(c.ID)),
+		schema.AttrDesiredState: S(string(c.DesiredState)),
+		schema.AttrWSURL:        S(c.WSURL),
+	}
+	putS(it, schema.AttrLeaseOwner, c.LeaseOwner)
+	if c.LeaseOwner != "" || c.LeaseExpiresAtMs != 0 {
+		it[schema.AttrLeaseExpires] = N(c.LeaseExpiresAtMs)
+	}
+	putN(it, schema.AttrLeaseVersion, c.LeaseVersion)
+	putN(it, schema.AttrLastSeq, c.LastSeq)
+	putS(it, schema.AttrStatus, c.Status)
+	putS(it, schema.AttrStatusError, c.StatusError)
+	putN(it, schema.AttrStatusAt, c.StatusAtMs)
+	putN(it, schema.AttrNudgedAt, c.NudgedAtMs)
+	return it
+}
+
+// DecodeConnection reads a connection item and validates the operator's fields.
+func DecodeConnection(it Item) (Connection, error) {
+	var c Connection
+	pk, err := str(it, schema.AttrPK, true)
+	if err != nil {
+		return c, err
+	}
+	id, ok := schema.ConnID(pk)
+	if !ok {
+		return c, fmt.Errorf("%w %s %q: not a connection key", schema.ErrInvalid, schema.AttrPK, pk)
+	}
+	c.ID = id
+	if err := schema.ValidateID(id); err != nil {
+		return c, err
+	}
+	d := decoder{it: it}
+	c.LeaseOwner = d.str(schema.AttrLeaseOwner)
+	c.LeaseExpiresAtMs = d.num(schema.AttrLeaseExpires)
+	c.LeaseVersion = d.num(schema.AttrLeaseVersion)
+	c.LastSeq = d.num(schema.AttrLastSeq)
+	c.Status = d.str(schema.AttrStatus)
+	c.StatusError = d.str(schema.AttrStatusError)
+	c.StatusAtMs = d.num(schema.AttrStatusAt)
+	c.NudgedAtMs = d.num(schema.AttrNudgedAt)
+	state, err := str(it, schema.AttrDesiredState, true)
+	if err == nil {
+		c.DesiredState, err = schema.ParseState(state)
+	}
+	d.keep(err)
+	rawURL, err := str(it, schema.AttrWSURL, true)
+	if err == nil {
+		c.WSURL = rawURL
+		err = schema.ValidateURL(rawURL)
+	}
+	d.keep(err)
+	if d.err != nil {
+		return c, fmt.Errorf("connection %s: %w", id, d.err)
+	}
+	return c, nil
+}
+
+// EncodeWorker returns the full item for w.
+func EncodeWorker(w Worker) Item {
+	return Item{
+		schema.AttrPK:               S(schema.WorkerKey(w.ID)),
+		schema.AttrRegistry:         S(schema.RegistryKey),
+		schema.AttrAddr:             S(w.Addr),
+		schema.AttrCapacity:         N(int64(w.Capacity)),
+		schema.AttrLoad:             N(int64(w.Load)),
+		schema.AttrDraining:         &types.AttributeValueMemberBOOL{Value: w.Draining},
+		schema.AttrHeartbeatExpires: N(w.HeartbeatExpiresAtMs),
+		schema.AttrTTL:              N(w.TTL),
+	}
+}
+
+// DecodeWorker reads a worker registry item.
+func DecodeWorker(it Item) (Worker, error) {
+	var w Worker
+	pk, err := str(it, schema.AttrPK, true)
+	if err != nil {
+		return w, err
+	}
+	id, ok := schema.WorkerID(pk)
+	if !ok {
+		return w, fmt.Errorf("%w %s %q: not a worker key", schema.ErrInvalid, schema.AttrPK, pk)
+	}
+	w.ID = id
+	d := decoder{it: it}
+	w.Addr = d.str(schema.AttrAddr)
+	w.Capacity = int(d.num(schema.AttrCapacity))
+	w.Load = int(d.num(schema.AttrLoad))
+	w.HeartbeatExpiresAtMs = d.num(schema.AttrHeartbeatExpires)
+	w.TTL = d.num(schema.AttrTTL)
+	if v, ok := it[schema.AttrDraining]; ok {
+		b, isBool := v.(*types.AttributeValueMemberBOOL)
+		if !isBool {
+			d.keep(typeErr(schema.AttrDraining, "BOOL", v))
+		} else {
+			w.Draining = b.Value
+		}
+	}
+	if w.Addr == "" {
+		d.keep(fmt.Errorf("%w %s: missing", schema.ErrInvalid, schema.AttrAddr))
+	}
+	if w.Capacity < 0 || w.Load < 0 {
+		d.keep(fmt.Errorf("%w %s/%s: negative", schema.ErrInvalid, schema.AttrCapacity, schema.AttrLoad))
+	}
+	if d.err != nil {
+		return w, fmt.Errorf("worker %s: %w", id, d.err)
+	}
+	return w, nil
+}
+
+// S is a string attribute value.
+func S(s string) types.AttributeValue { return &types.AttributeValueMemberS{Value: s} }
+
+// N is a number attribute value.
+func N(n int64) types.AttributeValue {
+	return &types.AttributeValueMemberN{Value: strconv.FormatInt(n, 10)}
+}
+
+func putS(it Item, name, v string) {
+	if v != "" {
+		it[name] = S(v)
+	}
+}
+
+func putN(it Item, name string, v int64) {
+	if v != 0 {
+		it[name] = N(v)
+	}
+}
+
+// decoder reads optional attributes and keeps the first error.
+type decoder struct {
+	it  Item
+	err error
+}
+
+func (d *decoder) keep(err error) {
+	if d.err == nil && err != nil {
+		d.err = err
+	}
+}
+
+func (d *decoder) str(name string) string {
+	s, err := str(d.it, name, false)
+	d.keep(err)
+	return s
+}
+
+func (d *decoder) num(name string) int64 {
+	n, err := num(d.it, name)
+	d.keep(err)
+	return n
+}
+
+func str(it Item, name string, required bool) (string, error) {
+	v, ok := it[name]
+	if !ok || isNull(v) {
+		if required {
+			return "", fmt.Errorf("%w %s: missing", schema.ErrInvalid, name)
+		}
+		return "", nil
+	}
+	s, ok := v.(*types.AttributeValueMemberS)
+	if !ok {
+		return "", typeErr(name, "S", v)
+	}
+	return s.Value, nil
+}
+
+// num reads an optional integer attribute; absent means 0.
+func num(it Item, name string) (int64, error) {
+	v, ok := it[name]
+	if !ok || isNull(v) {
+		return 0, nil
+	}
+	n, ok := v.(*types.AttributeValueMemberN)
+	if !ok {
+		return 0, typeErr(name, "N", v)
+	}
+	i, err := strconv.ParseInt(n.Value, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w %s %q: not an integer", schema.ErrInvalid, name, n.Value)
+	}
+	return i, nil
+}
+
+func isNull(v types.AttributeValue) bool {
+	_, ok := v.(*types.AttributeValueMemberNULL)
+	return ok || v == nil
+}
+
+func typeErr(name, want string, v types.AttributeValue) error {
+	return fmt.Errorf("%w %s: type %s, want %s", schema.ErrInvalid, name, typeName(v), want)
+}
+
+func typeName(v types.AttributeValue) string {
+	switch v.(type) {
+	case *types.AttributeValueMemberS:
+		return "S"
+	case *types.AttributeValueMemberN:
+		return "N"
+	case *types.AttributeValueMemberB:
+		return "B"
+	case *types.AttributeValueMemberBOOL:
+		return "BOOL"
+	case *types.AttributeValueMemberL:
+		return "L"
+	case *types.AttributeValueMemberM:
+		return "M"
+	case *types.AttributeValueMemberSS:
+		return "SS"
+	case *types.AttributeValueMemberNS:
+		return "NS"
+	case *types.AttributeValueMemberBS:
+		return "BS"
+	}
+	return fmt.Sprintf("%T", v)
+}

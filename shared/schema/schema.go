@@ -1,0 +1,159 @@
+// Package schema names everything sockfleet stores in its one DynamoDB table: the
+// attributes, the key builders, the indexes and the table definition, as plain data.
+//
+// It imports no AWS SDK, so the CDK app (a module of its own) can build the
+// production table from exactly the definition the local bootstrap uses. The item
+// codec, which does need the SDK's attribute types, lives in schema/codec.
+package schema
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// DefaultTableName is the table name used when none is configured.
+const DefaultTableName = "sockfleet"
+
+// Attribute names. Connection items carry the first group, worker items the second.
+const (
+	AttrPK = "Pk"
+
+	// Written by the operator.
+	AttrDesiredState = "desired_state"
+	AttrWSURL        = "ws_url"
+
+	// Written by the owning worker, always conditioned on owner and version.
+	AttrLeaseOwner   = "lease_owner"
+	AttrLeaseExpires = "lease_expires_at_ms" // epoch ms; 0 means released
+	AttrLeaseVersion = "lease_version"       // fencing token, +1 on every acquisition
+	AttrLastSeq      = "last_seq"            // resume point: last sequence the sink acknowledged
+	AttrStatus       = "status"              // observed status, folded into writes that happen anyway
+	AttrStatusError  = "status_error"
+	AttrStatusAt     = "status_at_ms"
+
+	// Written by the backstop sweep to make the stream carry an unowned item again.
+	AttrNudgedAt = "nudged_at_ms"
+
+	// Worker registry items.
+	AttrAddr             = "addr"
+	AttrCapacity         = "capacity"
+	AttrLoad             = "load"
+	AttrDraining         = "draining"
+	AttrHeartbeatExpires = "heartbeat_expires_at_ms"
+	AttrTTL              = "ttl"      // epoch seconds; DynamoDB TTL deletes dead workers' items
+	AttrRegistry         = "registry" // sparse index key, set only on worker items
+)
+
+// RegistryKey is the constant value of AttrRegistry on every worker item, so one
+// Query on IndexRegistry lists the whole registry without scanning connections.
+const RegistryKey = "workers"
+
+// Index names.
+const (
+	// IndexLeaseOwner finds a dead worker's connections. KEYS_ONLY, and keyed on an
+	// attribute heartbeats never change, so heartbeats never write to it.
+	IndexLeaseOwner = "lease_owner-index"
+	// IndexRegistry is a sparse index over worker items only (keyed on AttrRegistry).
+	// It costs one index write per worker heartbeat, never one per connection.
+	IndexRegistry = "registry-index"
+)
+
+// Key prefixes.
+const (
+	ConnPrefix   = "CONN#"
+	WorkerPrefix = "WORKER#"
+)
+
+// MaxIDLen bounds connection and worker ids; MaxURLLen bounds ws_url.
+const (
+	MaxIDLen  = 200
+	MaxURLLen = 2048
+)
+
+// State is a connection's desired state.
+type State string
+
+// The only two desired states.
+const (
+	Started State = "STARTED"
+	Stopped State = "STOPPED"
+)
+
+// ErrInvalid marks an operator-written value (or a whole item) that cannot be used.
+// Callers branch on it with errors.Is; the wrapped message says what is wrong.
+var ErrInvalid = errors.New("invalid")
+
+// ConnKey returns the partition key of connection id. Ids are validated at the
+// edges (ValidateID), so a key can never be prefixed twice.
+func ConnKey(id string) string { return ConnPrefix + id }
+
+// WorkerKey returns the partition key of worker id.
+func WorkerKey(id string) string { return WorkerPrefix + id }
+
+// ConnID returns the id inside a connection key, and false for any other key.
+func ConnID(pk string) (string, bool) {
+	id, ok := strings.CutPrefix(pk, ConnPrefix)
+	return id, ok && id != ""
+}
+
+// WorkerID returns the id inside a worker key, and false for any other key.
+func WorkerID(pk string) (string, bool) {
+	id, ok := strings.CutPrefix(pk, WorkerPrefix)
+	return id, ok && id != ""
+}
+
+// ValidateID checks a connection or worker id: 1 to MaxIDLen printable ASCII
+// characters, without '#'. Refusing '#' is what makes "CONN#CONN#x" impossible: a
+// caller that passes a key where an id belongs gets an error, not a phantom item.
+func ValidateID(id string) error {
+	if id == "" {
+		return fmt.Errorf("%w id: empty", ErrInvalid)
+	}
+	if len(id) > MaxIDLen {
+		return fmt.Errorf("%w id: %d bytes, limit %d", ErrInvalid, len(id), MaxIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c <= ' ' || c > '~' || c == '#' {
+			return fmt.Errorf("%w id %q: only printable ASCII without spaces or '#'", ErrInvalid, id)
+		}
+	}
+	return nil
+}
+
+// ParseState accepts exactly STARTED or STOPPED.
+func ParseState(s string) (State, error) {
+	switch State(s) {
+	case Started, Stopped:
+		return State(s), nil
+	}
+	return "", fmt.Errorf("%w %s %q: want %s or %s", ErrInvalid, AttrDesiredState, clip(s), Started, Stopped)
+}
+
+// ValidateURL accepts ws:// and wss:// URLs with a host, up to MaxURLLen bytes.
+func ValidateURL(raw string) error {
+	if len(raw) > MaxURLLen {
+		return fmt.Errorf("%w %s: %d bytes, limit %d", ErrInvalid, AttrWSURL, len(raw), MaxURLLen)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%w %s %q: %v", ErrInvalid, AttrWSURL, clip(raw), err)
+	}
+	if u.Scheme != "ws" && u.Scheme != "wss" {
+		return fmt.Errorf("%w %s %q: scheme must be ws or wss", ErrInvalid, AttrWSURL, clip(raw))
+	}
+	if u.Hostname() == "" {
+		return fmt.Errorf("%w %s %q: no host", ErrInvalid, AttrWSURL, clip(raw))
+	}
+	return nil
+}
+
+// clip shortens a value quoted in an error, so a huge bad value makes a short message.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
