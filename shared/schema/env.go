@@ -1,0 +1,46 @@
+package schema
+
+// Environment variables read by the binaries (in main only) and set by the CDK stack,
+// named once here so the two cannot drift.
+const (
+	EnvTable = "SOCKFLEET_TABLE" // table name; default DefaultTableName
+
+	// Worker.
+	EnvWorkerID       = "SOCKFLEET_WORKER_ID"       // default: ECS task id, else hostname-pid
+	EnvListenAddr     = "SOCKFLEET_LISTEN_ADDR"     // wakeup/health/metrics listener; default :8080
+	EnvAdvertiseAddr  = "SOCKFLEET_ADVERTISE_ADDR"  // host:port the reconciler calls; default: ECS task IP
+	EnvMaxConnections = "SOCKFLEET_MAX_CONNECTIONS" // capacity of one worker
+	EnvLease          = "SOCKFLEET_LEASE"           // Go duration, e.g. 60s
+	EnvRenewInterval  = "SOCKFLEET_RENEW_INTERVAL"  // e.g. 20s
+	EnvRenewDeadline  = "SOCKFLEET_RENEW_DEADLINE"  // e.g. 50s; lease > deadline > interval
+	EnvSkewMargin     = "SOCKFLEET_SKEW_MARGIN"     // e.g. 5s
+	EnvDrainTimeout   = "SOCKFLEET_DRAIN_TIMEOUT"   // e.g. 60s, well under ECS's stopTimeout
+	EnvSink           = "SOCKFLEET_SINK"            // stdout | file:PATH | http(s)://URL
+	EnvResume         = "SOCKFLEET_RESUME"          // how last_seq is passed upstream
+	EnvSeqPath        = "SOCKFLEET_SEQ_PATH"        // JSON field path of a message's sequence; empty: count
+	EnvBadMessages    = "SOCKFLEET_BAD_MESSAGES"    // count | skip | pass
+
+	// Shared by worker and reconciler: the HMAC key of wakeup calls. The worker gets it
+	// injected by ECS from Secrets Manager; the reconciler may instead get the secret's
+	// ARN and read it once per cold start.
+	EnvWakeupSecret    = "SOCKFLEET_WAKEUP_SECRET"
+	EnvWakeupSecretARN = "SOCKFLEET_WAKEUP_SECRET_ARN"
+
+	// Reconciler.
+	EnvClusterARN = "SOCKFLEET_CLUSTER_ARN" // only this cluster's task events are acted on
+)
+
+// DefaultWakeupPort is the worker's listener port: wakeups, /healthz, /metrics.
+const DefaultWakeupPort = 8080
+
+// CloudWatch metrics, emitted in Embedded Metric Format log lines and used by alarms,
+// the dashboard and autoscaling.
+const (
+	MetricNamespace          = "Sockfleet"
+	MetricOwned              = "OwnedConnections"    // per worker, each renew tick
+	MetricSelfFences         = "SelfFences"          // per worker, when it happens
+	MetricRenewFailures      = "RenewFailures"       // per worker
+	MetricOrphaned           = "OrphanedConnections" // per sweep: STARTED with no live owner
+	MetricOrphanedOldest     = "OrphanedOldestSeconds"
+	MetricWakeupsUndelivered = "WakeupsUndelivered" // per reconciler batch
+)
