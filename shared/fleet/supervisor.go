@@ -1,0 +1,159 @@
+// Package fleet runs sockfleet's processes on one machine, playing the parts ECS and
+// Lambda play in AWS: a supervisor for worker processes that reports each exit as an
+// ECS Task State Change event, and the Lambda runtime emulator that runs the real
+// reconciler binary. `make run`, the end-to-end tests and the benchmarks use it.
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Supervisor runs worker processes, each a separate OS process on its own port.
+type Supervisor struct {
+	Bin string // the worker binary
+	// Env returns slot i's environment for a worker with this id and listen port.
+	Env func(slot int, id string, port int) []string
+	// OnExit is called after a worker process exits (any cause), like ECS's
+	// Task State Change (STOPPED) event.
+	OnExit func(slot int, id string, err error)
+	// Restart starts a new worker (a new task id) in a slot whose worker exited.
+	Restart      bool
+	RestartDelay time.Duration
+	LogDir       string // each worker's output goes to LogDir/<id>.log; "" discards it
+	Log          *slog.Logger
+
+	mu    sync.Mutex
+	procs map[int]*Proc
+	gen   map[int]int
+	wg    sync.WaitGroup
+}
+
+// Proc is one running worker.
+type Proc struct {
+	Slot int
+	ID   string
+	Port int
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Start launches a worker in slot, with the port given.
+func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
+	s.mu.Lock()
+	if s.procs == nil {
+		s.procs, s.gen = map[int]*Proc{}, map[int]int{}
+	}
+	s.gen[slot]++
+	id := fmt.Sprintf("w%d-%d", slot, s.gen[slot])
+	s.mu.Unlock()
+
+	cmd := exec.Command(s.Bin)
+	cmd.Env = append(os.Environ(), s.Env(slot, id, port)...)
+	// Its own process group: a Ctrl-C in the terminal reaches the supervisor only,
+	// which then drains workers in order instead of all at once.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	var out io.WriteCloser
+	if s.LogDir != "" {
+		f, err := os.Create(filepath.Join(s.LogDir, id+".log"))
+		if err != nil {
+			return nil, err
+		}
+		out = f
+		cmd.Stdout, cmd.Stderr = f, f
+	}
+	if err := cmd.Start(); err != nil {
+		if out != nil {
+			out.Close()
+		}
+		return nil, fmt.Errorf("start worker %s: %w", id, err)
+	}
+	p := &Proc{Slot: slot, ID: id, Port: port, cmd: cmd, done: make(chan struct{})}
+	s.mu.Lock()
+	s.procs[slot] = p
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		p.err = cmd.Wait()
+		if out != nil {
+			out.Close()
+		}
+		close(p.done)
+		s.logger().Info("worker exited", "id", id, "err", p.err)
+		if s.OnExit != nil {
+			s.OnExit(slot, id, p.err)
+		}
+		if s.Restart && ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(s.RestartDelay):
+			}
+			if _, err := s.Start(ctx, slot, port); err != nil {
+				s.logger().Error("restart worker", "slot", slot, "err", err)
+			}
+		}
+	}()
+	return p, nil
+}
+
+// Get returns the worker currently in slot.
+func (s *Supervisor) Get(slot int) *Proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.procs[slot]
+}
+
+// Signal sends sig to slot's worker.
+func (s *Supervisor) Signal(slot int, sig syscall.Signal) error {
+	p := s.Get(slot)
+	if p == nil {
+		return fmt.Errorf("no worker in slot %d", slot)
+	}
+	return p.cmd.Process.Signal(sig)
+}
+
+// Stop sends SIGTERM to every worker (they drain and release), waits up to grace,
+// then kills what is left, and waits for all of it.
+func (s *Supervisor) Stop(grace time.Duration) {
+	s.mu.Lock()
+	s.Restart = false
+	procs := make([]*Proc, 0, len(s.procs))
+	for _, p := range s.procs {
+		procs = append(procs, p)
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT) // a paused worker cannot drain
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.After(grace)
+	for _, p := range procs {
+		select {
+		case <-p.done:
+		case <-deadline:
+			_ = p.cmd.Process.Kill()
+		}
+	}
+	s.wg.Wait()
+}
+
+func (s *Supervisor) logger() *slog.Logger {
+	if s.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return s.Log
+}
