@@ -19,7 +19,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -169,8 +168,12 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 			item = codec.EncodeConnection(old)
 		case cerr != nil:
 			return Lease{}, fmt.Errorf("acquire %s: %w", id, cerr)
+		case !isCondition(err) && old.ID != "" && old.DesiredState == schema.Started && !old.Owned():
+			// The write failed before it was applied and the lease is still free: the
+			// table was unavailable, nobody else holds it.
+			return Lease{}, fmt.Errorf("acquire %s: %w: %s", id, ErrUnavailable, translateMsg(err))
 		default:
-			return Lease{}, fmt.Errorf("acquire %s: %w", id, acquireRefusal(old, now, s.cfg.SkewMargin))
+			return Lease{}, fmt.Errorf("acquire %s: %w", id, acquireRefusal(old, now))
 		}
 	}
 	c, derr := codec.DecodeConnection(item)
@@ -188,7 +191,7 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 }
 
 // acquireRefusal says why the acquire condition failed, from the item as it was.
-func acquireRefusal(old codec.Connection, now int64, margin time.Duration) error {
+func acquireRefusal(old codec.Connection, now int64) error {
 	switch {
 	case old.ID == "":
 		return ErrNotFound
@@ -274,6 +277,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 		return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, cerr)
 	case done(cur):
 		return cur, nil
+	case !isCondition(err) && cur.LeaseOwner == l.Owner && cur.LeaseVersion == l.Version:
+		// Not applied, and still ours: the table was unavailable, the lease is not lost.
+		return codec.Connection{}, fmt.Errorf("%s %s: %w: %s", op, l.ID, ErrUnavailable, translateMsg(err))
 	case cur.ID == "":
 		return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, ErrNotFound)
 	default:
@@ -314,6 +320,8 @@ func (s *Store) ReleaseExpired(ctx context.Context, id, owner string, version in
 		return fmt.Errorf("release expired %s: %w", id, ErrNotFound)
 	case cur.LeaseOwner == "" && cur.LeaseVersion == version:
 		return nil // released already, by us on a retry or by its owner
+	case !isCondition(err) && cur.LeaseOwner == owner && cur.LeaseVersion == version:
+		return fmt.Errorf("release expired %s: %w: %s", id, ErrUnavailable, translateMsg(err))
 	case cur.LeaseOwner != owner || cur.LeaseVersion != version:
 		return fmt.Errorf("release expired %s: %w", id, ErrLost)
 	default:
@@ -422,6 +430,11 @@ func (s *Store) update(ctx context.Context, in *dynamodb.UpdateItemInput) (codec
 	return nil, err
 }
 
+func isCondition(err error) bool {
+	var cf conditionFailed
+	return errors.As(err, &cf)
+}
+
 // resolve turns a failed write into the item as it now is. A condition failure
 // carries the item; anything else is ambiguous (the write may have been applied), so
 // the item is read back on a fresh context in case ctx is what expired.
@@ -496,6 +509,3 @@ func validIDs(id, worker string) error {
 	}
 	return nil
 }
-
-// FormatMs formats epoch ms for messages.
-func FormatMs(ms int64) string { return strconv.FormatInt(ms, 10) }

@@ -480,6 +480,7 @@ func TestAcquireRace(t *testing.T) {
 type dropper struct {
 	mu   sync.Mutex
 	drop map[string]int // operation -> responses left to drop
+	fail map[string]int // operation -> requests left to fail with a 500, not forwarded
 	down atomic.Bool    // refuse everything without forwarding
 	seen atomic.Int64
 }
@@ -490,6 +491,16 @@ func (d *dropper) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	op := r.Header.Get("X-Amz-Target")
 	op = op[strings.LastIndex(op, ".")+1:]
+	d.mu.Lock()
+	fail := d.fail[op]
+	if fail > 0 {
+		d.fail[op] = fail - 1
+	}
+	d.mu.Unlock()
+	if fail > 0 {
+		return &http.Response{StatusCode: 500, Header: http.Header{"Content-Type": {"application/x-amz-json-1.0"}}, Request: r,
+			Body: io.NopCloser(strings.NewReader(`{"__type":"com.amazonaws.dynamodb.v20120810#InternalServerError","message":"injected"}`))}, nil
+	}
 	resp, err := http.DefaultTransport.RoundTrip(r)
 	if err != nil {
 		return resp, err
@@ -559,6 +570,39 @@ func TestAmbiguousWritesReportTheTrueOutcome(t *testing.T) {
 				t.Fatalf("dropped %d responses, want 4", d.seen.Load())
 			}
 		})
+	}
+}
+
+// A write that failed before it was applied is ErrUnavailable: the caller keeps its
+// lease (renew, release) or knows nobody took it (acquire). It is never reported as
+// lost or held, which would make a worker drop a connection it still owns.
+func TestFailedWritesAreUnavailableNotLost(t *testing.T) {
+	f := newFixture(t)
+	d := &dropper{drop: map[string]int{}, fail: map[string]int{}}
+	s := f.store(f.env.Client(d, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }), 0)
+	f.put(started("a"))
+	f.put(started("b"))
+	d.fail["UpdateItem"] = 1
+	if _, err := s.Acquire(f.ctx, "a", "w1"); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("failed acquire: %v, want ErrUnavailable", err)
+	}
+	l, err := s.Acquire(f.ctx, "b", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.fail["UpdateItem"] = 1
+	if _, err := s.Renew(f.ctx, l, lease.Progress{LastSeq: 5}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("failed renew: %v, want ErrUnavailable", err)
+	}
+	d.fail["UpdateItem"] = 1
+	if err := s.Release(f.ctx, l, lease.Progress{LastSeq: 5}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("failed release: %v, want ErrUnavailable", err)
+	}
+	if c := f.get("b"); c.LeaseOwner != "w1" || c.LastSeq != 7 {
+		t.Fatalf("item after failed writes: %+v", c)
+	}
+	if _, err := s.Renew(f.ctx, l, lease.Progress{LastSeq: 6}); err != nil {
+		t.Fatalf("the lease must still be ours: %v", err)
 	}
 }
 
