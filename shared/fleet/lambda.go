@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -24,6 +25,7 @@ type Invoker interface {
 // Lambda service would. The emulator serves its runtime API on 127.0.0.1:9001, a port
 // it does not let you change, so one machine runs one emulator at a time.
 type Emulator struct {
+	mu     sync.Mutex // the emulator runs one invocation at a time, as one Lambda instance does
 	cmd    *exec.Cmd
 	addr   string
 	client *http.Client
@@ -66,6 +68,8 @@ func StartEmulator(rie, bootstrap, addr string, env []string, log io.Writer) (*E
 // Invoke sends one event and returns the function's result. A function error (the
 // Lambda error envelope) is returned as an error.
 func (e *Emulator) Invoke(ctx context.Context, event []byte) ([]byte, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
 		"http://"+e.addr+"/2015-03-31/functions/function/invocations", bytes.NewReader(event))
 	if err != nil {
