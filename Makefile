@@ -23,7 +23,7 @@ build:
 run: tools
 	$(GO) run ./cmd/sockfleet-local
 
-test: tools vet fmt-check unit
+test: tools vet fmt-check unit infra-test
 
 vet:
 	$(GO) vet ./...
@@ -40,3 +40,27 @@ bench: tools
 
 clean:
 	rm -rf bin cdk.out .local
+
+# AWS (README, "Deploying to AWS"). The reconciler Lambda is a static linux/arm64
+# `bootstrap`; the CDK app in infra/ is a Go module of its own, run by cdk.json.
+# Extra CLI arguments go in CDK_ARGS, e.g. make deploy CDK_ARGS='-c desiredCount=4'.
+.PHONY: lambda synth deploy infra-test
+CDK        := .tools/node_modules/.bin/cdk
+CDK_ARGS   ?=
+CDK_SILENT := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
+
+lambda:
+	@test -d functions/reconciler || { echo "lambda: ./functions/reconciler (the reconciler's main package) does not exist" >&2; exit 1; }
+	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
+		-o bin/reconciler/bootstrap ./functions/reconciler
+
+synth: tools lambda
+	$(CDK) synth $(CDK_ARGS)
+
+deploy: tools lambda
+	$(CDK) deploy $(CDK_ARGS)
+
+# Assertion tests of the stack, then the same synth `cdk deploy` runs, offline.
+infra-test: tools lambda
+	cd infra && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
+	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices

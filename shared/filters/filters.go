@@ -34,7 +34,9 @@ var Patterns = []Pattern{
 	}),
 	newImage(Pattern{
 		schema.AttrDesiredState: s(string(schema.Started)),
-		schema.AttrLeaseExpires: []any{Pattern{"exists": false}},
+		// exists looks at leaves only, and an attribute is {"N": "…"}: the type must be
+		// named, or the pattern would match every STARTED item, heartbeats included.
+		schema.AttrLeaseExpires: Pattern{"N": []any{Pattern{"exists": false}}},
 	}),
 	newImage(Pattern{
 		schema.AttrDesiredState: s(string(schema.Stopped)),

@@ -19,6 +19,7 @@ const (
 	EnvResume         = "SOCKFLEET_RESUME"          // how last_seq is passed upstream
 	EnvSeqPath        = "SOCKFLEET_SEQ_PATH"        // JSON field path of a message's sequence; empty: count
 	EnvBadMessages    = "SOCKFLEET_BAD_MESSAGES"    // count | skip | pass
+	EnvLogLevel       = "SOCKFLEET_LOG_LEVEL"       // debug | info | warn | error; default info
 
 	// Shared by worker and reconciler: the HMAC key of wakeup calls. The worker gets it
 	// injected by ECS from Secrets Manager; the reconciler may instead get the secret's
@@ -27,7 +28,24 @@ const (
 	EnvWakeupSecretARN = "SOCKFLEET_WAKEUP_SECRET_ARN"
 
 	// Reconciler.
-	EnvClusterARN = "SOCKFLEET_CLUSTER_ARN" // only this cluster's task events are acted on
+	EnvClusterARN    = "SOCKFLEET_CLUSTER_ARN"     // only this cluster's task events are acted on
+	EnvNudgeAfter    = "SOCKFLEET_NUDGE_AFTER"     // sweep nudges items unowned this long; default 2m
+	EnvSweepMaxItems = "SOCKFLEET_SWEEP_MAX_ITEMS" // items one sweep run reads at most; default 50000
+	EnvSweepSegments = "SOCKFLEET_SWEEP_SEGMENTS"  // scan segments, one per sweep period; default 1
+	EnvSweepPeriod   = "SOCKFLEET_SWEEP_PERIOD"    // the sweep schedule's period; default 5m
+
+	// Worker: the value of the MetricDimService dimension on its metrics. The stack
+	// sets it to the workers' ECS service name, so autoscaling on connections per task
+	// reads exactly this fleet's workers. Empty: no dimension.
+	EnvServiceName = "SOCKFLEET_SERVICE_NAME"
+)
+
+// SweepInputKey and SweepInputValue form the constant input of the scheduled rule
+// that runs the backstop sweep, {"sockfleet":"sweep"}, by which the reconciler tells
+// a sweep apart from a task-state event.
+const (
+	SweepInputKey   = "sockfleet"
+	SweepInputValue = "sweep"
 )
 
 // DefaultWakeupPort is the worker's listener port: wakeups, /healthz, /metrics.
@@ -43,4 +61,11 @@ const (
 	MetricOrphaned           = "OrphanedConnections" // per sweep: STARTED with no live owner
 	MetricOrphanedOldest     = "OrphanedOldestSeconds"
 	MetricWakeupsUndelivered = "WakeupsUndelivered" // per reconciler batch
+
+	// MetricDimService is the dimension on the workers' metrics (MetricOwned,
+	// MetricSelfFences, MetricRenewFailures), valued from EnvServiceName; autoscaling
+	// tracks MetricOwned's average over it. The reconciler's metrics carry no
+	// dimension. The orphan alarm treats a missing MetricOrphanedOldest as breaching,
+	// so the sweep emits it on every run, zero included.
+	MetricDimService = "ServiceName"
 )

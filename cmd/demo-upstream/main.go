@@ -1,0 +1,44 @@
+// Command demo-upstream serves numbered WebSocket streams at
+// ws://ADDR/streams/{id}?from=N for local runs, tests and benchmarks, with test
+// controls under http://ADDR/control/ (drop, close, refuse, accept, stall, garbage,
+// stats, events). See package shared/demoupstream.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/sockfleet/sockfleet/shared/demoupstream"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:9000", "listen address")
+	rate := flag.Float64("rate", 10, "messages per second per stream; 0: idle; negative: as fast as clients read")
+	size := flag.Int("size", 64, "payload bytes per message")
+	buffer := flag.Int64("buffer", 1_000_000, "how many past messages a resume may reach back")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer}, log); err != nil {
+		fmt.Fprintln(os.Stderr, "demo-upstream:", err)
+		os.Exit(1)
+	}
+}
+
+func run(addr string, cfg demoupstream.Config, log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := demoupstream.Listen(addr, cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("demo upstream listening", "addr", s.Addr(), "rate", cfg.Rate, "size", cfg.Size)
+	// The readiness line on stdout lets a parent process learn the port when addr ends in :0.
+	fmt.Printf("listening %s\n", s.Addr())
+	<-ctx.Done()
+	return s.Close()
+}

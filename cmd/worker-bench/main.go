@@ -1,0 +1,390 @@
+// Command worker-bench measures one worker process against the demo upstream and the
+// local DynamoDB engine, as separate processes, and prints the results as Markdown:
+//
+//   - resident memory per idle connection at several connection counts: the worker's
+//     VmRSS with N idle streaming connections, less its VmRSS with none, over N;
+//   - messages per second one worker delivers to a file sink, with the upstream
+//     sending as fast as the worker reads.
+//
+// `make bench` runs it. It builds the worker and demo-upstream binaries first, so it
+// needs the Go toolchain, and the local engine that `make tools` installs. Each
+// process needs one descriptor per socket: 10,000 connections need 10,000 in the
+// worker and 10,000 in the upstream, so the two run as separate processes (Go raises
+// each process's soft RLIMIT_NOFILE to the hard limit at start-up).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/ddb"
+	"github.com/sockfleet/sockfleet/shared/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+func main() {
+	counts := flag.String("idle", "1000,5000,10000", "idle connection counts for the memory measurement")
+	tput := flag.String("throughput", "1,100", "connection counts for the file-sink throughput measurement")
+	dur := flag.Duration("duration", 10*time.Second, "throughput measurement window")
+	size := flag.Int("size", 64, "payload bytes per message in the throughput run")
+	flag.Parse()
+	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
+		fmt.Fprintln(os.Stderr, "worker-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseInts(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil && n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+type bench struct {
+	dir    string
+	worker string // binary
+	up     string // binary
+	engine *dynoxide.Proc
+	db     *dynamodb.Client
+	tables int
+}
+
+func run(idle, tput []int, dur time.Duration, size int) error {
+	var lim syscall.Rlimit
+	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	lim.Cur = lim.Max
+	_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) // children inherit it
+	dir, err := os.MkdirTemp("", "worker-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	b := &bench{dir: dir, worker: filepath.Join(dir, "worker"), up: filepath.Join(dir, "demo-upstream")}
+	for bin, pkg := range map[string]string{b.worker: "./worker", b.up: "./cmd/demo-upstream"} {
+		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	if b.engine, err = dynoxide.Start(dynoxide.Options{}); err != nil {
+		return err
+	}
+	defer b.engine.Stop()
+	b.db = dynamodb.NewFromConfig(aws.Config{Region: "us-east-1",
+		Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
+		func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
+
+	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
+	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s\n\n",
+		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"))
+
+	if len(idle) > 0 {
+		fmt.Println("| idle connections | worker RSS, none | worker RSS, all streaming | per connection | acquire + connect time |")
+		fmt.Println("|---:|---:|---:|---:|---:|")
+		for _, n := range idle {
+			if err := b.memory(n); err != nil {
+				return fmt.Errorf("memory at %d: %w", n, err)
+			}
+		}
+		fmt.Println()
+	}
+	if len(tput) > 0 {
+		fmt.Printf("| connections | payload | messages/s to a file sink | MB/s of file | window |\n")
+		fmt.Println("|---:|---:|---:|---:|---:|")
+		for _, n := range tput {
+			if err := b.throughput(n, dur, size); err != nil {
+				return fmt.Errorf("throughput at %d: %w", n, err)
+			}
+		}
+	}
+	return nil
+}
+
+// proc is a child process.
+type proc struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-done
+	}
+}
+
+func (b *bench) upstream(rate float64, size int) (*proc, error) {
+	cmd := exec.Command(b.up, "-addr", "127.0.0.1:0", "-rate", fmt.Sprint(rate), "-size", fmt.Sprint(size))
+	cmd.Stderr = io.Discard
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("demo upstream did not start: %w", err)
+	}
+	return &proc{cmd: cmd, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening "))}, nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "127.0.0.1:18080"
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func (b *bench) startWorker(table string, max int, sink string) (*proc, error) {
+	addr := freeAddr()
+	cmd := exec.Command(b.worker)
+	cmd.Env = append(os.Environ(),
+		"AWS_ENDPOINT_URL_DYNAMODB="+b.engine.Endpoint, "AWS_REGION=us-east-1",
+		"AWS_ACCESS_KEY_ID=local", "AWS_SECRET_ACCESS_KEY=local",
+		schema.EnvTable+"="+table, schema.EnvWorkerID+"=bench", schema.EnvListenAddr+"="+addr,
+		schema.EnvMaxConnections+"="+strconv.Itoa(max), schema.EnvSink+"="+sink, schema.EnvSeqPath+"=seq",
+		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=error",
+		// Production defaults for the lease timings (60s / 20s / 50s).
+	)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return &proc{cmd: cmd, addr: addr}, nil
+}
+
+// metric reads one counter from the worker's /metrics.
+func metric(addr, name string) (int64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			return strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no metric %s", name)
+}
+
+func rssKB(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+// newTable creates a fresh table holding n STARTED connections to upstream addr.
+func (b *bench) newTable(n int, upAddr string) (string, error) {
+	b.tables++
+	table := fmt.Sprintf("bench%d", b.tables)
+	ctx := context.Background()
+	if _, err := ddb.EnsureTable(ctx, b.db, table); err != nil {
+		return "", err
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	sem := make(chan struct{}, 8)
+	for i := 0; i < n; i += 25 {
+		var reqs []types.WriteRequest
+		for j := i; j < min(n, i+25); j++ {
+			id := fmt.Sprintf("c%05d", j)
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: codec.EncodeConnection(codec.Connection{
+				ID: id, DesiredState: schema.Started, WSURL: "ws://" + upAddr + "/streams/" + id})}})
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			items := map[string][]types.WriteRequest{table: reqs}
+			for len(items) > 0 {
+				out, err := b.db.BatchWriteItem(ctx, &dynamodb.BatchWriteItemInput{RequestItems: items})
+				if err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+				items = out.UnprocessedItems
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return "", err
+	default:
+	}
+	return table, nil
+}
+
+func waitMetric(addr, name string, want int64, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	var v int64
+	var err error
+	for time.Now().Before(deadline) {
+		if v, err = metric(addr, name); err == nil && v >= want {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("%s = %d (err %v), want %d within %s", name, v, err, want, limit)
+}
+
+func (b *bench) memory(n int) error {
+	up, err := b.upstream(0, 64) // idle streams: connected, nothing sent
+	if err != nil {
+		return err
+	}
+	defer up.stop()
+	// Baseline: the same worker with an empty table.
+	empty, err := b.newTable(0, up.addr)
+	if err != nil {
+		return err
+	}
+	w0, err := b.startWorker(empty, n, "file:"+filepath.Join(b.dir, "idle0.jsonl"))
+	if err != nil {
+		return err
+	}
+	if err := waitMetric(w0.addr, "sockfleet_owned_connections", 0, 30*time.Second); err != nil {
+		w0.stop()
+		return err
+	}
+	time.Sleep(3 * time.Second)
+	base, err := rssKB(w0.cmd.Process.Pid)
+	w0.stop()
+	if err != nil {
+		return err
+	}
+
+	table, err := b.newTable(n, up.addr)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	w, err := b.startWorker(table, n, "file:"+filepath.Join(b.dir, "idle.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer w.stop()
+	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), 5*time.Minute); err != nil {
+		return err
+	}
+	// Owned is counted at acquisition; wait until every socket is up too.
+	if err := waitUpstreamClients(up.addr, n, 2*time.Minute); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	time.Sleep(5 * time.Second) // settle
+	rss, err := rssKB(w.cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	per := float64(rss-base) / float64(n)
+	fmt.Printf("| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
+	return nil
+}
+
+// waitUpstreamClients polls the demo upstream's stats until n clients are connected.
+func waitUpstreamClients(addr string, n int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	got := 0
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + addr + "/control/stats")
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			got = strings.Count(string(body), `"clients":1,`)
+			if got >= n {
+				return nil
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	return fmt.Errorf("%d of %d upstream clients connected after %s", got, n, limit)
+}
+
+func (b *bench) throughput(n int, dur time.Duration, size int) error {
+	up, err := b.upstream(-1, size) // as fast as the worker reads
+	if err != nil {
+		return err
+	}
+	defer up.stop()
+	table, err := b.newTable(n, up.addr)
+	if err != nil {
+		return err
+	}
+	out := filepath.Join(b.dir, fmt.Sprintf("tput%d.jsonl", n))
+	w, err := b.startWorker(table, n, "file:"+out)
+	if err != nil {
+		return err
+	}
+	defer func() { w.stop(); os.Remove(out) }()
+	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Second) // warm up
+	m0, err := metric(w.addr, "sockfleet_messages_total")
+	if err != nil {
+		return err
+	}
+	f0 := fileSize(out)
+	t0 := time.Now()
+	time.Sleep(dur)
+	m1, err := metric(w.addr, "sockfleet_messages_total")
+	if err != nil {
+		return err
+	}
+	el := time.Since(t0).Seconds()
+	fmt.Printf("| %d | %d B | %.0f | %.1f | %s |\n", n, size, float64(m1-m0)/el, float64(fileSize(out)-f0)/el/1e6, dur)
+	return nil
+}
+
+func fileSize(path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return st.Size()
+}

@@ -1,0 +1,299 @@
+// Package handler is the reconciler: one function that takes three kinds of event,
+// told apart by the shape of their JSON.
+//
+//   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
+//     each record is classified (shared/stream) and the workers that must act are
+//     woken. The answer lists, by SequenceNumber, only the records that still need
+//     action and could not be delivered anywhere; a record that will not decode is
+//     logged with its key and skipped, never retried.
+//   - An ECS Task State Change from EventBridge ("detail-type": "ECS Task State
+//     Change") with lastStatus STOPPED, from the configured cluster: the task id is the
+//     worker id; its leases are released (conditioned on owner and version) and its
+//     registry item deleted. The releases then reach the workers through the stream.
+//     Duplicate and late events are harmless: task ids are never reused, and releasing
+//     what is already released does nothing.
+//   - The scheduled sweep: {"sockfleet": "sweep"} (the input the stack's schedule rule
+//     sends), or EventBridge's own scheduled-event shape ("detail-type": "Scheduled
+//     Event"). See shared/sweep.
+//
+// The same Handler serves Lambda (functions/reconciler) and the local stack, which
+// feeds it stream batches from shared/streampoller and task events from its supervisor.
+package handler
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/shared/emf"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/stream"
+	"github.com/sockfleet/sockfleet/shared/sweep"
+)
+
+// Registry is the worker registry (*registry.Registry).
+type Registry interface {
+	List(ctx context.Context) ([]codec.Worker, []error, error)
+	Delete(ctx context.Context, id string) error
+}
+
+// Leases releases a dead worker's leases (*lease.Store).
+type Leases interface {
+	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
+}
+
+// Sweeper runs the backstop sweep (*sweep.Sweeper).
+type Sweeper interface {
+	Run(ctx context.Context, now time.Time) (sweep.Report, error)
+}
+
+// Config configures a Handler.
+type Config struct {
+	// ClusterARN: task events from any other cluster are ignored. Required.
+	ClusterARN string
+	// WakeupTimeout bounds each wakeup request. Default stream.DefaultWakeupTimeout.
+	WakeupTimeout time.Duration
+}
+
+// Validate checks c and fills defaults.
+func (c *Config) Validate() error {
+	if c.ClusterARN == "" {
+		return errors.New("reconciler config: cluster ARN is empty")
+	}
+	if c.WakeupTimeout == 0 {
+		c.WakeupTimeout = stream.DefaultWakeupTimeout
+	}
+	if c.WakeupTimeout < 0 {
+		return fmt.Errorf("reconciler config: wakeup timeout %s", c.WakeupTimeout)
+	}
+	return nil
+}
+
+// Deps are the Handler's collaborators.
+type Deps struct {
+	Registry Registry
+	Leases   Leases
+	Sweeper  Sweeper
+	Sender   stream.Sender
+	Log      *slog.Logger
+	Now      func() time.Time // default time.Now
+	Metrics  io.Writer        // EMF lines; default: discarded
+}
+
+// Handler handles reconciler events.
+type Handler struct {
+	cfg      Config
+	d        Deps
+	delivery stream.Delivery
+}
+
+// New returns a Handler.
+func New(cfg Config, d Deps) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if d.Registry == nil || d.Leases == nil || d.Sweeper == nil || d.Sender == nil {
+		return nil, errors.New("reconciler: registry, leases, sweeper and sender are required")
+	}
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Metrics == nil {
+		d.Metrics = io.Discard
+	}
+	return &Handler{cfg: cfg, d: d, delivery: stream.Delivery{Sender: d.Sender, Timeout: cfg.WakeupTimeout, Log: d.Log}}, nil
+}
+
+// ErrUnknownEvent: the payload is none of the three kinds.
+var ErrUnknownEvent = errors.New("reconciler: unknown event")
+
+// SweepMarker is the scheduled rule's input that asks for a sweep.
+const SweepMarker = `{"sockfleet":"sweep"}`
+
+// shape is just enough of any payload to tell the three kinds apart.
+type shape struct {
+	Records []struct {
+		EventSource string `json:"eventSource"`
+	} `json:"Records"`
+	DetailType string `json:"detail-type"`
+	Source     string `json:"source"`
+	Sockfleet  string `json:"sockfleet"`
+}
+
+// Handle is the Lambda entry point: it dispatches on the payload's shape. A stream
+// batch returns events.DynamoDBEventResponse; the other kinds return nil.
+func (h *Handler) Handle(ctx context.Context, raw json.RawMessage) (any, error) {
+	var s shape
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnknownEvent, err)
+	}
+	switch {
+	case len(s.Records) > 0 && s.Records[0].EventSource == stream.EventSource:
+		return h.handleRawStream(ctx, raw)
+	case s.DetailType == TaskStateChange:
+		ev, err := DecodeTaskEvent(raw)
+		if err != nil {
+			// Retrying cannot fix it: log and drop.
+			h.d.Log.ErrorContext(ctx, "task event will not decode; dropped", "err", err)
+			return nil, nil
+		}
+		return nil, h.HandleTask(ctx, ev)
+	case s.Sockfleet == "sweep" || (s.DetailType == "Scheduled Event" && s.Source == "aws.events"):
+		_, err := h.Sweep(ctx)
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %.200s", ErrUnknownEvent, bytes.TrimSpace(raw))
+}
+
+// handleRawStream decodes records one at a time, so one that will not decode is
+// skipped rather than failing the batch (Lambda would retry it forever).
+func (h *Handler) handleRawStream(ctx context.Context, raw json.RawMessage) (events.DynamoDBEventResponse, error) {
+	var batch struct {
+		Records []json.RawMessage `json:"Records"`
+	}
+	if err := json.Unmarshal(raw, &batch); err != nil {
+		return events.DynamoDBEventResponse{}, fmt.Errorf("stream batch: %w", err)
+	}
+	var ev events.DynamoDBEvent
+	for i, rr := range batch.Records {
+		r, err := stream.DecodeRecord(rr)
+		if err != nil {
+			var peek struct {
+				Dynamodb struct {
+					Keys           json.RawMessage `json:"Keys"`
+					SequenceNumber string          `json:"SequenceNumber"`
+				} `json:"dynamodb"`
+			}
+			_ = json.Unmarshal(rr, &peek)
+			h.d.Log.ErrorContext(ctx, "stream record will not decode; skipped", "index", i,
+				"keys", string(peek.Dynamodb.Keys), "seq", peek.Dynamodb.SequenceNumber, "err", err)
+			continue
+		}
+		ev.Records = append(ev.Records, r)
+	}
+	return h.HandleStream(ctx, ev)
+}
+
+// pending is the latest actionable decision about one id in a batch.
+type pending struct {
+	d   stream.Decision
+	seq string
+}
+
+// HandleStream handles one stream batch.
+func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+	log := h.d.Log
+	var order []string
+	latest := map[string]pending{}
+	for _, r := range ev.Records {
+		d, err := stream.Classify(r)
+		if err != nil {
+			log.ErrorContext(ctx, "stream record unusable; skipped", "key", stream.Key(r), "seq", r.Change.SequenceNumber,
+				"event", r.EventName, "err", err)
+			continue
+		}
+		if d.Action == stream.Ignore {
+			log.DebugContext(ctx, "stream record ignored", "key", stream.Key(r), "event", r.EventName)
+			continue
+		}
+		// A later record about the same id supersedes an earlier one: it describes
+		// the item as it now is. Ignored records never do (they are not news).
+		if _, seen := latest[d.ID]; !seen {
+			order = append(order, d.ID)
+		}
+		latest[d.ID] = pending{d: d, seq: r.Change.SequenceNumber}
+		log.InfoContext(ctx, "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
+			"owner", d.Owner, "version", d.LeaseVersion)
+	}
+	var resp events.DynamoDBEventResponse
+	if len(order) == 0 {
+		return resp, nil
+	}
+	ds := make([]stream.Decision, len(order))
+	for i, id := range order {
+		ds[i] = latest[id].d
+	}
+	now := h.d.Now()
+	workers, bad, err := h.d.Registry.List(ctx)
+	for _, b := range bad {
+		log.WarnContext(ctx, "worker item will not decode; not a candidate", "err", b)
+	}
+	var out map[string]stream.Outcome
+	if err != nil {
+		log.ErrorContext(ctx, "list workers; the batch's actionable records will be retried", "err", err)
+	} else {
+		out = h.delivery.Deliver(ctx, workers, now, ds)
+	}
+	for _, id := range order {
+		o, ok := out[id]
+		switch {
+		case ok && o.Done:
+			log.InfoContext(ctx, "wakeup delivered", "id", id, "worker", o.Worker, "result", string(o.Result), "note", o.Why)
+		default:
+			why := o.Why
+			if !ok {
+				why = "registry unavailable"
+			}
+			log.WarnContext(ctx, "wakeup undelivered; record reported for retry", "id", id, "seq", latest[id].seq, "why", why)
+			resp.BatchItemFailures = append(resp.BatchItemFailures, events.DynamoDBBatchItemFailure{ItemIdentifier: latest[id].seq})
+		}
+	}
+	h.metric(ctx, now, emf.Metric{Name: schema.MetricWakeupsUndelivered, Unit: emf.Count, Value: float64(len(resp.BatchItemFailures))})
+	return resp, nil
+}
+
+// HandleTask handles a task state change.
+func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
+	log := h.d.Log.With("task", ev.TaskARN, "worker", ev.WorkerID, "last_status", ev.LastStatus)
+	if ev.LastStatus != "STOPPED" {
+		log.DebugContext(ctx, "task not stopped yet; ignored")
+		return nil
+	}
+	if ev.ClusterARN != h.cfg.ClusterARN {
+		log.InfoContext(ctx, "task of another cluster; ignored", "cluster", ev.ClusterARN)
+		return nil
+	}
+	released, err := h.d.Leases.ReleaseAllOwnedBy(ctx, ev.WorkerID)
+	log.InfoContext(ctx, "released stopped worker's leases", "released", len(released), "ids", released, "reason", ev.StoppedReason)
+	if derr := h.d.Registry.Delete(ctx, ev.WorkerID); derr != nil {
+		err = errors.Join(err, derr)
+	}
+	if err != nil {
+		return fmt.Errorf("task %s stopped: %w", ev.WorkerID, err)
+	}
+	return nil
+}
+
+// Sweep runs the backstop sweep and emits the orphan metrics.
+func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
+	now := h.d.Now()
+	r, err := h.d.Sweeper.Run(ctx, now)
+	h.d.Log.InfoContext(ctx, "sweep done", "segment", r.Segment, "segments", r.Segments, "pages", r.Pages,
+		"scanned", r.Scanned, "complete", r.Complete, "released", r.Released, "nudged", r.Nudged,
+		"workers_cleared", r.WorkersCleared, "orphaned", r.Orphaned, "oldest_orphan", r.OldestOrphan, "errors", r.Errors)
+	if r.Pages > 0 {
+		h.metric(ctx, now,
+			emf.Metric{Name: schema.MetricOrphaned, Unit: emf.Count, Value: float64(r.Orphaned)},
+			emf.Metric{Name: schema.MetricOrphanedOldest, Unit: emf.Seconds, Value: r.OldestOrphan.Seconds()})
+	}
+	if err != nil {
+		return r, fmt.Errorf("sweep: %w", err)
+	}
+	return r, nil
+}
+
+func (h *Handler) metric(ctx context.Context, now time.Time, ms ...emf.Metric) {
+	if err := emf.Write(h.d.Metrics, schema.MetricNamespace, now, ms...); err != nil {
+		h.d.Log.WarnContext(ctx, "write metric", "err", err)
+	}
+}

@@ -1,0 +1,88 @@
+package handler
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// TaskStateChange is the detail-type of ECS task events on EventBridge.
+const TaskStateChange = "ECS Task State Change"
+
+// TaskEvent is the part of an ECS Task State Change the reconciler uses.
+type TaskEvent struct {
+	ClusterARN    string
+	TaskARN       string
+	WorkerID      string // the task id: the last path segment of the task ARN
+	LastStatus    string
+	StoppedReason string
+}
+
+// taskEnvelope is the EventBridge envelope and the fields of detail that matter.
+type taskEnvelope struct {
+	DetailType string `json:"detail-type"`
+	Source     string `json:"source"`
+	Detail     struct {
+		ClusterARN    string `json:"clusterArn"`
+		TaskARN       string `json:"taskArn"`
+		LastStatus    string `json:"lastStatus"`
+		StoppedReason string `json:"stoppedReason"`
+	} `json:"detail"`
+}
+
+// DecodeTaskEvent parses an ECS Task State Change event. It checks the envelope and
+// derives the worker id from the task ARN, which has the form
+// arn:aws:ecs:REGION:ACCOUNT:task/CLUSTER/TASK_ID (or, in the old format, task/TASK_ID).
+func DecodeTaskEvent(raw []byte) (TaskEvent, error) {
+	var env taskEnvelope
+	if err := json.Unmarshal(raw, &env); err != nil {
+		return TaskEvent{}, fmt.Errorf("%w task event: %v", schema.ErrInvalid, err)
+	}
+	if env.DetailType != TaskStateChange {
+		return TaskEvent{}, fmt.Errorf("%w task event: detail-type %q", schema.ErrInvalid, env.DetailType)
+	}
+	d := env.Detail
+	if !strings.HasPrefix(d.TaskARN, "arn:") || !strings.Contains(d.TaskARN, ":task/") {
+		return TaskEvent{}, fmt.Errorf("%w task event: task ARN %.200q", schema.ErrInvalid, d.TaskARN)
+	}
+	id := d.TaskARN[strings.LastIndexByte(d.TaskARN, '/')+1:]
+	if err := schema.ValidateID(id); err != nil {
+		return TaskEvent{}, fmt.Errorf("task event: worker id from task ARN: %w", err)
+	}
+	if d.ClusterARN == "" || d.LastStatus == "" {
+		return TaskEvent{}, fmt.Errorf("%w task event %s: clusterArn or lastStatus missing", schema.ErrInvalid, id)
+	}
+	return TaskEvent{ClusterARN: d.ClusterARN, TaskARN: d.TaskARN, WorkerID: id, LastStatus: d.LastStatus, StoppedReason: d.StoppedReason}, nil
+}
+
+// TaskStoppedEvent builds the event ECS would emit when worker (a task of cluster)
+// stopped. The local supervisor plays it when a worker process exits.
+func TaskStoppedEvent(clusterARN, worker, reason string, at time.Time) []byte {
+	cluster := clusterARN[strings.LastIndexByte(clusterARN, '/')+1:]
+	prefix := strings.TrimSuffix(clusterARN[:strings.LastIndexByte(clusterARN, ':')+1], ":")
+	taskARN := fmt.Sprintf("%s:task/%s/%s", prefix, cluster, worker)
+	ev := map[string]any{
+		"version":     "0",
+		"id":          fmt.Sprintf("local-%s-%d", worker, at.UnixNano()),
+		"detail-type": TaskStateChange,
+		"source":      "aws.ecs",
+		"time":        at.UTC().Format(time.RFC3339),
+		"resources":   []string{taskARN},
+		"detail": map[string]any{
+			"clusterArn":    clusterARN,
+			"taskArn":       taskARN,
+			"lastStatus":    "STOPPED",
+			"desiredStatus": "STOPPED",
+			"stoppedReason": reason,
+			"stoppedAt":     at.UTC().Format(time.RFC3339Nano),
+		},
+	}
+	b, _ := json.Marshal(ev) // maps of strings always marshal
+	return b
+}
+
+// LocalClusterARN is the cluster ARN the local stack uses in place of ECS's.
+const LocalClusterARN = "arn:aws:ecs:local:000000000000:cluster/sockfleet-local"

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Context keys: the knobs an operator sets in cdk.json or with `cdk deploy -c key=value`.
+const (
+	ctxMaxConnections = "maxConnectionsPerTask"
+	ctxDesiredCount   = "desiredCount"
+	ctxMaxCount       = "maxCount"
+	ctxLeaseSeconds   = "leaseSeconds"
+	ctxRenewSeconds   = "renewSeconds"
+	ctxVpcID          = "vpcId"
+	ctxRetention      = "retention"
+)
+
+// skewMargin is the clock-skew allowance shared by the worker (it self-fences this
+// much before its lease ends in anyone's view, twice over) and the sweep (it only
+// releases leases expired by more than this). Fargate hosts sync time through the
+// Amazon Time Sync Service, which keeps skew in the milliseconds.
+const skewMargin = 5 * time.Second
+
+// Config is what the context knobs decide. The zero value is not valid; start from
+// DefaultConfig.
+type Config struct {
+	MaxConnectionsPerTask int // a worker's capacity, SOCKFLEET_MAX_CONNECTIONS
+	DesiredCount          int // workers at deploy time, and the autoscaling floor
+	MaxCount              int // autoscaling ceiling
+	LeaseSeconds          int // lease duration
+	RenewSeconds          int // renew interval
+	VpcID                 string
+	RetentionDays         int // CloudWatch Logs retention of the worker and reconciler logs
+}
+
+// DefaultConfig returns the defaults, the same values cdk.json carries.
+//
+// Lease 60 s and renew 20 s: with event-driven failover the lease no longer sets
+// failover time, only how long a silently hung worker keeps its connections, so the
+// renew rate is chosen for cost (180 writes per connection-hour, a quarter of a 5 s
+// heartbeat) while a worker still gets two retries before it must self-fence.
+func DefaultConfig() Config {
+	return Config{
+		MaxConnectionsPerTask: 500,
+		DesiredCount:          2,
+		MaxCount:              10,
+		LeaseSeconds:          60,
+		RenewSeconds:          20,
+		RetentionDays:         30,
+	}
+}
+
+// RenewDeadline is how long a worker keeps streaming without a successful renew:
+// the lease minus twice the skew margin, so it stops well before the lease can
+// expire in anyone else's view.
+func (c Config) RenewDeadline() time.Duration {
+	return time.Duration(c.LeaseSeconds)*time.Second - 2*skewMargin
+}
+
+// ConnectionsTarget is the autoscaling target for connections per task: 60 % of
+// capacity, so that when one task of a small fleet dies, the survivors have room
+// for its connections while a replacement starts.
+func (c Config) ConnectionsTarget() float64 {
+	return math.Max(1, math.Floor(float64(c.MaxConnectionsPerTask)*0.6))
+}
+
+var vpcIDPattern = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
+
+// Validate checks every knob and the timing rule lease > renew deadline ≥ 2 × renew
+// interval, and reports all problems at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("context %s: "+format, append([]any{key}, args...)...))
+	}
+	if c.MaxConnectionsPerTask < 1 || c.MaxConnectionsPerTask > 10000 {
+		bad(ctxMaxConnections, "%d, want 1 to 10000", c.MaxConnectionsPerTask)
+	}
+	if c.DesiredCount < 1 {
+		bad(ctxDesiredCount, "%d, want at least 1", c.DesiredCount)
+	}
+	if c.MaxCount < c.DesiredCount || c.MaxCount > 1000 {
+		bad(ctxMaxCount, "%d, want %s (%d) to 1000", c.MaxCount, ctxDesiredCount, c.DesiredCount)
+	}
+	if c.RenewSeconds < 1 {
+		bad(ctxRenewSeconds, "%d, want at least 1", c.RenewSeconds)
+	}
+	if c.LeaseSeconds < 1 || c.LeaseSeconds > 3600 {
+		bad(ctxLeaseSeconds, "%d, want 1 to 3600", c.LeaseSeconds)
+	} else if c.RenewSeconds >= 1 && c.RenewDeadline() < 2*time.Duration(c.RenewSeconds)*time.Second {
+		bad(ctxLeaseSeconds, "%d with %s %d: the renew deadline (lease − %v) must leave room for two renew intervals, so %s must be at least %d",
+			c.LeaseSeconds, ctxRenewSeconds, c.RenewSeconds, 2*skewMargin, ctxLeaseSeconds, 2*c.RenewSeconds+int(2*skewMargin/time.Second))
+	}
+	if c.VpcID != "" && !vpcIDPattern.MatchString(c.VpcID) {
+		bad(ctxVpcID, "%q is not a VPC id (vpc-…)", c.VpcID)
+	}
+	if !validRetention(c.RetentionDays) {
+		bad(ctxRetention, "%d days; CloudWatch Logs accepts one of %v", c.RetentionDays, retentionChoices())
+	}
+	return errors.Join(errs...)
+}
+
+func validRetention(days int) bool {
+	_, ok := retentionEnum[days]
+	return ok
+}
+
+// retentionChoices lists the day counts CloudWatch Logs accepts, for error messages.
+func retentionChoices() []int {
+	days := make([]int, 0, len(retentionEnum))
+	for d := range retentionEnum {
+		days = append(days, d)
+	}
+	slices.Sort(days)
+	return days
+}
+
+// ConfigFromContext reads the knobs through get (the App's TryGetContext, or a map
+// in tests), keeps defaults for unset ones and validates the result. Values may be
+// JSON numbers (cdk.json) or strings (`-c key=value`).
+func ConfigFromContext(get func(key string) any) (Config, error) {
+	c := DefaultConfig()
+	var errs []error
+	ints := []struct {
+		key string
+		dst *int
+	}{
+		{ctxMaxConnections, &c.MaxConnectionsPerTask},
+		{ctxDesiredCount, &c.DesiredCount},
+		{ctxMaxCount, &c.MaxCount},
+		{ctxLeaseSeconds, &c.LeaseSeconds},
+		{ctxRenewSeconds, &c.RenewSeconds},
+		{ctxRetention, &c.RetentionDays},
+	}
+	for _, f := range ints {
+		v := get(f.key)
+		if v == nil {
+			continue
+		}
+		n, err := toInt(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %w", f.key, err))
+			continue
+		}
+		*f.dst = n
+	}
+	if v := get(ctxVpcID); v != nil {
+		s, ok := v.(string)
+		if !ok {
+			errs = append(errs, fmt.Errorf("context %s: %v is not a string", ctxVpcID, v))
+		}
+		c.VpcID = strings.TrimSpace(s)
+	}
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+	return c, c.Validate()
+}
+
+func toInt(v any) (int, error) {
+	switch x := v.(type) {
+	case float64:
+		if x != math.Trunc(x) || math.Abs(x) > math.MaxInt32 {
+			return 0, fmt.Errorf("%v is not a whole number", x)
+		}
+		return int(x), nil
+	case int:
+		return x, nil
+	case string:
+		n, err := strconv.Atoi(strings.TrimSpace(x))
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a whole number", x)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("%v (%T) is not a whole number", v, v)
+}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aws/jsii-runtime-go"
+)
+
+func TestDefaultConfigIsValid(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := DefaultConfig().RenewDeadline().String(); got != "50s" {
+		t.Errorf("renew deadline %s, want 50s", got)
+	}
+}
+
+// cdk.json carries the defaults, so what the README documents, what synth uses and
+// what DefaultConfig says are one set of numbers.
+func TestCdkJSONKnobsAreTheDefaults(t *testing.T) {
+	ctx, err := cdkContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention} {
+		if _, ok := ctx[key]; !ok {
+			t.Errorf("cdk.json context has no %s", key)
+		}
+	}
+	got, err := ConfigFromContext(func(k string) any { return ctx[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != DefaultConfig() {
+		t.Errorf("cdk.json knobs %+v, defaults %+v", got, DefaultConfig())
+	}
+}
+
+// The tests synthesize with cdk.json's feature flags: one of them visibly changes
+// the template (the VPC's default security group is stripped of its rules).
+func TestFeatureFlagsFromCdkJSON(t *testing.T) {
+	tpl, _ := template(t)
+	check(t, "restrictDefaultSecurityGroup flag applied", func() {
+		tpl.ResourceCountIs(jsii.String("Custom::VpcRestrictDefaultSG"), jsii.Number(1))
+	})
+}
+
+func TestConfigFromContext(t *testing.T) {
+	tests := []struct {
+		name    string
+		ctx     map[string]any
+		want    func(Config) bool
+		wantErr []string // substrings of the error; nil: no error
+	}{
+		{name: "empty keeps defaults", ctx: map[string]any{},
+			want: func(c Config) bool { return c == DefaultConfig() }},
+		{name: "numbers from cdk.json", ctx: map[string]any{ctxDesiredCount: 3.0, ctxMaxCount: 12.0, ctxRetention: 90.0},
+			want: func(c Config) bool { return c.DesiredCount == 3 && c.MaxCount == 12 && c.RetentionDays == 90 }},
+		{name: "strings from -c", ctx: map[string]any{ctxMaxConnections: "250", ctxVpcID: "vpc-0123456789abcdef0"},
+			want: func(c Config) bool { return c.MaxConnectionsPerTask == 250 && c.VpcID == "vpc-0123456789abcdef0" }},
+		{name: "the seed's timing is allowed", ctx: map[string]any{ctxLeaseSeconds: 20.0, ctxRenewSeconds: 5.0},
+			want: func(c Config) bool { return c.LeaseSeconds == 20 && c.RenewSeconds == 5 }},
+		{name: "not a number", ctx: map[string]any{ctxDesiredCount: "two"}, wantErr: []string{ctxDesiredCount, "whole number"}},
+		{name: "fraction", ctx: map[string]any{ctxMaxCount: 2.5}, wantErr: []string{ctxMaxCount}},
+		{name: "zero tasks", ctx: map[string]any{ctxDesiredCount: 0.0}, wantErr: []string{ctxDesiredCount}},
+		{name: "max below desired", ctx: map[string]any{ctxDesiredCount: 5.0, ctxMaxCount: 4.0}, wantErr: []string{ctxMaxCount}},
+		{name: "capacity", ctx: map[string]any{ctxMaxConnections: 0.0}, wantErr: []string{ctxMaxConnections}},
+		{name: "lease too short for renew", ctx: map[string]any{ctxLeaseSeconds: 30.0, ctxRenewSeconds: 20.0},
+			wantErr: []string{ctxLeaseSeconds, "at least 50"}},
+		{name: "renew zero", ctx: map[string]any{ctxRenewSeconds: 0.0}, wantErr: []string{ctxRenewSeconds}},
+		{name: "bad vpc", ctx: map[string]any{ctxVpcID: "subnet-123"}, wantErr: []string{ctxVpcID}},
+		{name: "retention CloudWatch refuses", ctx: map[string]any{ctxRetention: 10.0}, wantErr: []string{ctxRetention, "14"}},
+		{name: "all problems at once", ctx: map[string]any{ctxDesiredCount: 0.0, ctxRetention: 2.0},
+			wantErr: []string{ctxDesiredCount, ctxRetention}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := ConfigFromContext(func(k string) any { return tt.ctx[k] })
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !tt.want(c) {
+					t.Errorf("got %+v", c)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error for %v", tt.ctx)
+			}
+			for _, s := range tt.wantErr {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestFindRepoRoot(t *testing.T) {
+	root, err := findRepoRoot(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := filepath.Abs("..")
+	if root != want {
+		t.Errorf("root %s, want %s", root, want)
+	}
+	if _, err := findRepoRoot(t.TempDir()); err == nil {
+		t.Error("found a repository root in an empty temporary directory")
+	}
+}

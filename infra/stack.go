@@ -1,0 +1,603 @@
+package main
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsapplicationautoscaling"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatch"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awscloudwatchactions"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsdynamodb"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsec2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecrassets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsecs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssecretsmanager"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awssns"
+	"github.com/aws/aws-cdk-go/awscdk/v2/interfaces/interfacesawscloudwatch"
+	"github.com/aws/constructs-go/constructs/v10"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sockfleet/sockfleet/shared/filters"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Worker task size. A worker's connections are mostly idle sockets (tens of KB each
+// in Go), so 0.5 vCPU / 1 GB holds maxConnectionsPerTask (500 by default) with room
+// for TLS handshakes after a failover; CPU and memory autoscaling cover heavier streams.
+const (
+	workerCPU    = 512
+	workerMemory = 1024
+)
+
+// sweepPeriodSeconds is the backstop sweep's schedule. One minute keeps a hung
+// worker's connections orphaned for at most lease + skew margin + one period, under
+// the 2-minute orphan alarm, and reading a 1,000-connection table once a minute
+// costs about 1.6 million read units (20 cents) a month.
+const sweepPeriodSeconds = 60
+
+// Worker shutdown: ECS sends SIGTERM, waits stopTimeout, then SIGKILLs. The worker's
+// drain (stop sockets, checkpoint and release each lease) must finish well inside
+// that, or its connections wait for the crash path instead of the release path.
+const (
+	stopTimeoutSeconds  = 120 // the Fargate maximum
+	drainTimeoutSeconds = 60
+)
+
+// StackProps configures the sockfleet stack.
+type StackProps struct {
+	awscdk.StackProps
+	Config Config
+	// RepoRoot is the worker image's Docker build context: the repository root, with
+	// the Dockerfile and .dockerignore.
+	RepoRoot string
+	// ReconcilerCode is the directory holding the reconciler's `bootstrap` binary.
+	// Empty means RepoRoot/bin/reconciler, where `make lambda` writes it.
+	ReconcilerCode string
+}
+
+// NewStack defines the whole AWS side of sockfleet: the table and its stream, the
+// reconciler Lambda and its triggers, the worker fleet on Fargate, the network
+// between them, alarms and a dashboard.
+func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.Stack {
+	cfg := props.Config
+	stack := awscdk.NewStack(scope, jsii.String(id), &props.StackProps)
+	// The worker service's name doubles as the ServiceName dimension of every
+	// sockfleet metric, so it is derived from the stack name: unique per deployment.
+	serviceName := *stack.StackName() + "-worker"
+	retention := retentionEnum[cfg.RetentionDays]
+
+	table := newTable(stack)
+
+	// Network. Workers live in private subnets and dial their upstreams through
+	// NAT; DynamoDB traffic takes the free gateway endpoint instead.
+	var vpc awsec2.IVpc
+	if cfg.VpcID != "" {
+		vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(cfg.VpcID)})
+	} else {
+		vpc = awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
+			MaxAzs:      jsii.Number(2),
+			NatGateways: jsii.Number(1),
+			GatewayEndpoints: &map[string]*awsec2.GatewayVpcEndpointOptions{
+				"DynamoDb": {Service: awsec2.GatewayVpcEndpointAwsService_DYNAMODB()},
+			},
+		})
+	}
+	private := &awsec2.SubnetSelection{SubnetType: awsec2.SubnetType_PRIVATE_WITH_EGRESS}
+
+	workerSG := awsec2.NewSecurityGroup(stack, jsii.String("WorkerSecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:              vpc,
+		Description:      jsii.String("sockfleet workers: outbound to upstreams and AWS; inbound only wakeups from the reconciler"),
+		AllowAllOutbound: jsii.Bool(true),
+	})
+	reconcilerSG := awsec2.NewSecurityGroup(stack, jsii.String("ReconcilerSecurityGroup"), &awsec2.SecurityGroupProps{
+		Vpc:              vpc,
+		Description:      jsii.String("sockfleet reconciler: wakeup calls to workers, HTTPS to AWS APIs"),
+		AllowAllOutbound: jsii.Bool(false),
+	})
+	wakeupPort := awsec2.Port_Tcp(jsii.Number(schema.DefaultWakeupPort))
+	// The only ingress rule of the workers: the reconciler on the wakeup port.
+	reconcilerSG.Connections().AllowTo(workerSG, wakeupPort, jsii.String("wakeup calls"))
+	reconcilerSG.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
+		jsii.String("AWS APIs: DynamoDB (gateway endpoint), Secrets Manager"), jsii.Bool(false))
+
+	// The HMAC key of wakeup calls. Nothing outside the stack ever needs it.
+	wakeupSecret := awssecretsmanager.NewSecret(stack, jsii.String("WakeupSecret"), &awssecretsmanager.SecretProps{
+		Description: jsii.String("sockfleet: HMAC key authenticating the reconciler's wakeup calls to workers"),
+		GenerateSecretString: &awssecretsmanager.SecretStringGenerator{
+			PasswordLength:     jsii.Number(64),
+			ExcludePunctuation: jsii.Bool(true),
+		},
+	})
+
+	cluster := awsecs.NewCluster(stack, jsii.String("Cluster"), &awsecs.ClusterProps{
+		Vpc:                 vpc,
+		ContainerInsightsV2: awsecs.ContainerInsights_ENABLED,
+	})
+
+	alarmTopic := awssns.NewTopic(stack, jsii.String("Alarms"), &awssns.TopicProps{
+		DisplayName: jsii.String("sockfleet alarms"),
+	})
+	// Where Lambda reports stream batches it gave up on (after retries, or when too
+	// old). The design has no SQS; the record only says which shard and sequence
+	// numbers were skipped, and the sweep repairs what they would have triggered.
+	failedBatches := awssns.NewTopic(stack, jsii.String("FailedStreamBatches"), &awssns.TopicProps{
+		DisplayName: jsii.String("sockfleet reconciler: stream batches given up on"),
+	})
+
+	reconciler := newReconciler(stack, reconcilerProps{
+		cfg:         cfg,
+		codeDir:     reconcilerCodeDir(props),
+		vpc:         vpc,
+		subnets:     private,
+		sg:          reconcilerSG,
+		table:       table,
+		secret:      wakeupSecret,
+		cluster:     cluster,
+		serviceName: serviceName,
+		failures:    failedBatches,
+		retention:   retention,
+	})
+
+	service := newWorkers(stack, workerProps{
+		cfg:         cfg,
+		repoRoot:    props.RepoRoot,
+		cluster:     cluster,
+		subnets:     private,
+		sg:          workerSG,
+		table:       table,
+		secret:      wakeupSecret,
+		serviceName: serviceName,
+		retention:   retention,
+	})
+
+	alarms := newAlarms(stack, table, reconciler, service, failedBatches, alarmTopic, serviceName)
+	newDashboard(stack, table, reconciler, service, alarms, serviceName)
+
+	out := func(id, desc string, v *string) {
+		awscdk.NewCfnOutput(stack, jsii.String(id), &awscdk.CfnOutputProps{Value: v, Description: jsii.String(desc)})
+	}
+	out("TableName", "the connections table: flip desired_state here", table.TableName())
+	out("ClusterName", "the ECS cluster of the workers", cluster.ClusterName())
+	out("ServiceName", "the workers' ECS service, also the ServiceName dimension of the workers' metrics", service.ServiceName())
+	out("FunctionName", "the reconciler Lambda", reconciler.FunctionName())
+	out("AlarmTopicArn", "subscribe here to receive alarms", alarmTopic.TopicArn())
+	return stack
+}
+
+func reconcilerCodeDir(props *StackProps) string {
+	if props.ReconcilerCode != "" {
+		return props.ReconcilerCode
+	}
+	return filepath.Join(props.RepoRoot, "bin", "reconciler")
+}
+
+// newTable builds the table from schema.Table, the same definition the local
+// bootstrap creates, so production and local runs cannot drift.
+func newTable(stack awscdk.Stack) awsdynamodb.TableV2 {
+	def := schema.Table
+	var gsis []*awsdynamodb.GlobalSecondaryIndexPropsV2
+	for _, ix := range def.Indexes {
+		gsis = append(gsis, &awsdynamodb.GlobalSecondaryIndexPropsV2{
+			IndexName:      jsii.String(ix.Name),
+			PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ix.PartitionKey), Type: awsdynamodb.AttributeType_STRING},
+			ProjectionType: awsdynamodb.ProjectionType(ix.Projection),
+		})
+	}
+	return awsdynamodb.NewTableV2(stack, jsii.String("Table"), &awsdynamodb.TablePropsV2{
+		PartitionKey:           &awsdynamodb.Attribute{Name: jsii.String(def.PartitionKey), Type: awsdynamodb.AttributeType_STRING},
+		GlobalSecondaryIndexes: &gsis,
+		// On demand: the write rate is steady and small per connection, and capacity
+		// planning would have to cover deploy-time bursts of releases and acquires.
+		Billing:             awsdynamodb.Billing_OnDemand(nil),
+		DynamoStream:        awsdynamodb.StreamViewType(def.StreamView),
+		TimeToLiveAttribute: jsii.String(def.TTLAttribute),
+		PointInTimeRecoverySpecification: &awsdynamodb.PointInTimeRecoverySpecification{
+			PointInTimeRecoveryEnabled: jsii.Bool(true),
+		},
+		// The table is the operators' source of truth (which connections exist and
+		// should run, and where each resumes): it outlives the stack.
+		RemovalPolicy:      awscdk.RemovalPolicy_RETAIN,
+		DeletionProtection: jsii.Bool(true),
+	})
+}
+
+type reconcilerProps struct {
+	cfg         Config
+	codeDir     string
+	vpc         awsec2.IVpc
+	subnets     *awsec2.SubnetSelection
+	sg          awsec2.ISecurityGroup
+	table       awsdynamodb.TableV2
+	secret      awssecretsmanager.ISecret
+	cluster     awsecs.ICluster
+	serviceName string
+	failures    awssns.ITopic
+	retention   awslogs.RetentionDays
+}
+
+// newReconciler defines the Lambda that turns stream records, task-stopped events
+// and the sweep into wakeups and releases.
+func newReconciler(stack awscdk.Stack, p reconcilerProps) awslambda.Function {
+	logs := awslogs.NewLogGroup(stack, jsii.String("ReconcilerLogs"), &awslogs.LogGroupProps{
+		Retention:     p.retention,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	fn := awslambda.NewFunction(stack, jsii.String("Reconciler"), &awslambda.FunctionProps{
+		Description:  jsii.String("sockfleet reconciler: wakes workers for connections that need an owner or an action"),
+		Runtime:      awslambda.Runtime_PROVIDED_AL2023(),
+		Architecture: awslambda.Architecture_ARM_64(),
+		Handler:      jsii.String("bootstrap"),
+		Code:         awslambda.Code_FromAsset(jsii.String(p.codeDir), nil),
+		// The work is I/O: a few DynamoDB calls and HTTP wakeups per batch, with
+		// tiny payloads. 256 MB rather than 128 buys a larger CPU and network share
+		// for a fan-out of parallel wakeups, at a cost measured in cents.
+		MemorySize: jsii.Number(256),
+		// 30 s covers a worst-case batch: 100 records, each woken with a bounded
+		// per-call timeout and re-routed to a few more workers when refused. It stays
+		// well under the 1-minute sweep schedule, so sweeps never pile up, and a hung
+		// invocation is retried by the event source long before records age out.
+		Timeout:        awscdk.Duration_Seconds(jsii.Number(30)),
+		Vpc:            p.vpc,
+		VpcSubnets:     p.subnets,
+		SecurityGroups: &[]awsec2.ISecurityGroup{p.sg},
+		LogGroup:       logs,
+		Environment: &map[string]*string{
+			schema.EnvTable:           p.table.TableName(),
+			schema.EnvWakeupSecretARN: p.secret.SecretArn(),
+			schema.EnvClusterARN:      p.cluster.ClusterArn(),
+			schema.EnvSkewMargin:      jsii.String(seconds(int(skewMargin.Seconds()))),
+			// The sweep reads one scan segment per period, so it must know the
+			// schedule's period.
+			schema.EnvSweepPeriod: jsii.String(seconds(sweepPeriodSeconds)),
+		},
+	})
+
+	// Exactly what the handler calls: reads and conditional updates (releases,
+	// sweep nudges), Query on the lease_owner and registry indexes, and the sweep's
+	// Scan. The event source below adds the stream read; SnsDlq adds sns:Publish.
+	p.table.Grant(fn, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
+		jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
+	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("secretsmanager:GetSecretValue"),
+		Resources: jsii.Strings(*p.secret.SecretArn()),
+	}))
+
+	// The stream trigger. Filters drop heartbeats before they can invoke anything;
+	// they are rendered from the same patterns the local stream poller applies.
+	var fc []*map[string]any
+	for _, pattern := range filters.JSON() {
+		fc = append(fc, &map[string]any{"pattern": pattern})
+	}
+	fn.AddEventSource(awslambdaeventsources.NewDynamoEventSource(p.table, &awslambdaeventsources.DynamoEventSourceProps{
+		StartingPosition: awslambda.StartingPosition_LATEST,
+		Filters:          &fc,
+		// A batch is one invocation's fan-out; 100 bounds it for the timeout above.
+		BatchSize: jsii.Number(100),
+		// Failover latency is the point of the stream: never wait to fill a batch.
+		MaxBatchingWindow: awscdk.Duration_Seconds(jsii.Number(0)),
+		// A poison record is isolated by bisection and reported per item, so one bad
+		// item cannot stall its shard; retries are finite and records expire after an
+		// hour, by which time the sweep has repaired anything they would have done.
+		BisectBatchOnError:      jsii.Bool(true),
+		RetryAttempts:           jsii.Number(5),
+		MaxRecordAge:            awscdk.Duration_Hours(jsii.Number(1)),
+		ReportBatchItemFailures: jsii.Bool(true),
+		OnFailure:               awslambdaeventsources.NewSnsDlq(p.failures),
+	}))
+
+	target := func(input awsevents.RuleTargetInput) awsevents.IRuleTarget {
+		return awseventstargets.NewLambdaFunction(fn, &awseventstargets.LambdaFunctionProps{
+			Event: input,
+			// Both triggers are repaired by the next sweep if lost, so a bounded
+			// retry beats EventBridge's 24-hour default (and needs no SQS DLQ).
+			RetryAttempts: jsii.Number(8),
+			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(15)),
+		})
+	}
+	// Crash path: a worker task of this cluster stopped. The handler releases its
+	// leases; the releases reach the stream and are reassigned from there.
+	awsevents.NewRule(stack, jsii.String("TaskStopped"), &awsevents.RuleProps{
+		Description: jsii.String("sockfleet: a worker task stopped; release its leases"),
+		EventPattern: &awsevents.EventPattern{
+			Source:     jsii.Strings("aws.ecs"),
+			DetailType: jsii.Strings("ECS Task State Change"),
+			Detail: &map[string]any{
+				"clusterArn": []*string{p.cluster.ClusterArn()},
+				"lastStatus": []string{"STOPPED"},
+			},
+		},
+		Targets: &[]awsevents.IRuleTarget{target(nil)},
+	})
+	// Backstop sweep: releases leases that expired without an event (a hung or
+	// partitioned worker) and nudges unowned STARTED connections.
+	awsevents.NewRule(stack, jsii.String("Sweep"), &awsevents.RuleProps{
+		Description: jsii.String("sockfleet: backstop sweep of expired leases"),
+		Schedule:    awsevents.Schedule_Rate(awscdk.Duration_Seconds(jsii.Number(sweepPeriodSeconds))),
+		Targets: &[]awsevents.IRuleTarget{target(awsevents.RuleTargetInput_FromObject(
+			map[string]string{schema.SweepInputKey: schema.SweepInputValue}))},
+	})
+	return fn
+}
+
+type workerProps struct {
+	cfg         Config
+	repoRoot    string
+	cluster     awsecs.ICluster
+	subnets     *awsec2.SubnetSelection
+	sg          awsec2.ISecurityGroup
+	table       awsdynamodb.TableV2
+	secret      awssecretsmanager.ISecret
+	serviceName string
+	retention   awslogs.RetentionDays
+}
+
+// newWorkers defines the worker fleet: task definition, service and autoscaling.
+func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
+	cfg := p.cfg
+	task := awsecs.NewFargateTaskDefinition(stack, jsii.String("WorkerTask"), &awsecs.FargateTaskDefinitionProps{
+		Cpu:            jsii.Number(workerCPU),
+		MemoryLimitMiB: jsii.Number(workerMemory),
+		RuntimePlatform: &awsecs.RuntimePlatform{
+			CpuArchitecture:       awsecs.CpuArchitecture_ARM64(),
+			OperatingSystemFamily: awsecs.OperatingSystemFamily_LINUX(),
+		},
+	})
+	// Leases: acquire, renew, checkpoint and release are UpdateItem; the registry
+	// item is Put/Update/Delete; GetItem reads an item back after an ambiguous
+	// write; Query on the lease_owner index finds what the worker still holds.
+	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
+		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
+
+	logs := awslogs.NewLogGroup(stack, jsii.String("WorkerLogs"), &awslogs.LogGroupProps{
+		Retention:     p.retention,
+		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
+	})
+	task.AddContainer(jsii.String("worker"), &awsecs.ContainerDefinitionOptions{
+		Image: awsecs.ContainerImage_FromAsset(jsii.String(p.repoRoot), &awsecs.AssetImageProps{
+			File:     jsii.String("Dockerfile"),
+			Platform: awsecrassets.Platform_LINUX_ARM64(),
+		}),
+		Essential: jsii.Bool(true),
+		PortMappings: &[]*awsecs.PortMapping{{
+			Name:          jsii.String("wakeup"),
+			ContainerPort: jsii.Number(schema.DefaultWakeupPort),
+			Protocol:      awsecs.Protocol_TCP,
+		}},
+		Environment: &map[string]*string{
+			schema.EnvTable:          p.table.TableName(),
+			schema.EnvListenAddr:     jsii.String(":" + strconv.Itoa(schema.DefaultWakeupPort)),
+			schema.EnvMaxConnections: jsii.String(strconv.Itoa(cfg.MaxConnectionsPerTask)),
+			schema.EnvLease:          jsii.String(seconds(cfg.LeaseSeconds)),
+			schema.EnvRenewInterval:  jsii.String(seconds(cfg.RenewSeconds)),
+			schema.EnvRenewDeadline:  jsii.String(seconds(int(cfg.RenewDeadline().Seconds()))),
+			schema.EnvSkewMargin:     jsii.String(seconds(int(skewMargin.Seconds()))),
+			schema.EnvDrainTimeout:   jsii.String(seconds(drainTimeoutSeconds)),
+			schema.EnvServiceName:    jsii.String(p.serviceName),
+		},
+		// Injected by ECS at task start (the execution role reads it), never baked
+		// into the image or visible in the task definition.
+		Secrets: &map[string]awsecs.Secret{
+			schema.EnvWakeupSecret: awsecs.Secret_FromSecretsManager(p.secret, nil),
+		},
+		// The image is distroless (no shell, no curl): the worker binary probes its
+		// own /healthz.
+		HealthCheck: &awsecs.HealthCheck{
+			Command:     jsii.Strings("CMD", "/worker", "healthcheck"),
+			Interval:    awscdk.Duration_Seconds(jsii.Number(15)),
+			Timeout:     awscdk.Duration_Seconds(jsii.Number(5)),
+			Retries:     jsii.Number(3),
+			StartPeriod: awscdk.Duration_Seconds(jsii.Number(30)),
+		},
+		StopTimeout: awscdk.Duration_Seconds(jsii.Number(stopTimeoutSeconds)),
+		Logging: awsecs.LogDriver_AwsLogs(&awsecs.AwsLogDriverProps{
+			LogGroup:     logs,
+			StreamPrefix: jsii.String("worker"),
+			// A slow log pipeline must never block the process writing logs: a
+			// blocked stdout would stall renewals and force self-fencing.
+			Mode:          awsecs.AwsLogDriverMode_NON_BLOCKING,
+			MaxBufferSize: awscdk.Size_Mebibytes(jsii.Number(25)),
+		}),
+	})
+
+	service := awsecs.NewFargateService(stack, jsii.String("WorkerService"), &awsecs.FargateServiceProps{
+		Cluster:        p.cluster,
+		TaskDefinition: task,
+		ServiceName:    jsii.String(p.serviceName),
+		DesiredCount:   jsii.Number(float64(cfg.DesiredCount)),
+		// Deploys start new tasks before stopping old ones, so capacity never dips
+		// while the old tasks drain and hand their connections over.
+		MinHealthyPercent: jsii.Number(100),
+		MaxHealthyPercent: jsii.Number(200),
+		CircuitBreaker:    &awsecs.DeploymentCircuitBreaker{Enable: jsii.Bool(true), Rollback: jsii.Bool(true)},
+		SecurityGroups:    &[]awsec2.ISecurityGroup{p.sg},
+		VpcSubnets:        p.subnets,
+		AssignPublicIp:    jsii.Bool(false),
+		PropagateTags:     awsecs.PropagatedTagSource_SERVICE,
+	})
+
+	scaling := service.AutoScaleTaskCount(&awsapplicationautoscaling.EnableScalingProps{
+		MinCapacity: jsii.Number(float64(cfg.DesiredCount)),
+		MaxCapacity: jsii.Number(float64(cfg.MaxCount)),
+	})
+	// Scaling out is cheap; scaling in makes a worker drain and hand over all its
+	// connections, so it waits longer.
+	scaleOut := awscdk.Duration_Minutes(jsii.Number(1))
+	scaleIn := awscdk.Duration_Minutes(jsii.Number(10))
+	scaling.ScaleOnCpuUtilization(jsii.String("Cpu"), &awsecs.CpuUtilizationScalingProps{
+		TargetUtilizationPercent: jsii.Number(60), ScaleOutCooldown: scaleOut, ScaleInCooldown: scaleIn,
+	})
+	scaling.ScaleOnMemoryUtilization(jsii.String("Memory"), &awsecs.MemoryUtilizationScalingProps{
+		TargetUtilizationPercent: jsii.Number(70), ScaleOutCooldown: scaleOut, ScaleInCooldown: scaleIn,
+	})
+	// Connections per task: each worker emits OwnedConnections (EMF, dimension
+	// ServiceName = this service) every renew tick; the average over the service is
+	// connections per task.
+	scaling.ScaleToTrackCustomMetric(jsii.String("Connections"), &awsecs.TrackCustomMetricProps{
+		Metric:           fleetMetric(p.serviceName, schema.MetricOwned, "Average", 1),
+		TargetValue:      jsii.Number(cfg.ConnectionsTarget()),
+		ScaleOutCooldown: scaleOut,
+		ScaleInCooldown:  scaleIn,
+	})
+	return service
+}
+
+// reconcilerMetric is one of the reconciler's own metrics. It emits them without
+// dimensions: the stack name is fixed, so there is one deployment per account and
+// region.
+func reconcilerMetric(name, stat string, minutes float64) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:  jsii.String(schema.MetricNamespace),
+		MetricName: jsii.String(name),
+		Statistic:  jsii.String(stat),
+		Period:     awscdk.Duration_Minutes(jsii.Number(minutes)),
+	})
+}
+
+// fleetMetric is one of the workers' metrics, which carry the ServiceName dimension.
+func fleetMetric(serviceName, name, stat string, minutes float64) awscloudwatch.Metric {
+	return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+		Namespace:     jsii.String(schema.MetricNamespace),
+		MetricName:    jsii.String(name),
+		DimensionsMap: &map[string]*string{schema.MetricDimService: jsii.String(serviceName)},
+		Statistic:     jsii.String(stat),
+		Period:        awscdk.Duration_Minutes(jsii.Number(minutes)),
+	})
+}
+
+// newAlarms defines the alarms, all notifying alarmTopic.
+func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Function, service awsecs.FargateService,
+	failures, alarmTopic awssns.ITopic, serviceName string) []awscloudwatch.IAlarm {
+	var alarms []awscloudwatch.IAlarm
+	add := func(id string, props *awscloudwatch.AlarmProps) {
+		a := awscloudwatch.NewAlarm(stack, jsii.String(id+"Alarm"), props)
+		a.AddAlarmAction(awscloudwatchactions.NewSnsAction(alarmTopic))
+		alarms = append(alarms, a)
+	}
+
+	// STARTED connections without a live owner for more than 2 minutes. The sweep
+	// reports the age of the oldest orphan, which says "for how long" directly;
+	// a count of orphans above zero on consecutive sweeps could be different
+	// connections each time (normal churn during a deploy) and alarm falsely.
+	// Missing data breaches: a silent sweep means nobody is looking. 2 of 3
+	// minutes, so one sweep landing in the next minute's bucket is no alarm.
+	add("OrphanedConnections", &awscloudwatch.AlarmProps{
+		AlarmDescription:   jsii.String("A STARTED connection has had no live owner for more than 2 minutes, or the sweep stopped reporting."),
+		Metric:             reconcilerMetric(schema.MetricOrphanedOldest, "Maximum", 1),
+		Threshold:          jsii.Number(120),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(3),
+		DatapointsToAlarm:  jsii.Number(2),
+		TreatMissingData:   awscloudwatch.TreatMissingData_BREACHING,
+	})
+	add("ReconcilerErrors", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The reconciler failed whole invocations (per-record failures are retried and reported separately)."),
+		Metric: fn.MetricErrors(&awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// Stream lag is failover latency: a minute behind for 3 minutes is an incident.
+	add("StreamIteratorAge", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The reconciler is more than a minute behind the table's stream."),
+		Metric: fn.Metric(jsii.String("IteratorAge"), &awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Maximum"), Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		}),
+		Threshold:          jsii.Number(60_000), // milliseconds
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(3),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// A worker self-fences only when it could not renew for the renew deadline: a
+	// partition, a hung process or DynamoDB trouble. Any occurrence is worth a look.
+	add("SelfFences", &awscloudwatch.AlarmProps{
+		AlarmDescription:   jsii.String("Workers stopped streaming connections because they could not renew their leases."),
+		Metric:             fleetMetric(serviceName, schema.MetricSelfFences, "Sum", 5),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	add("FailedStreamBatches", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The reconciler gave up on stream records; the sweep repairs ownership, but find out why."),
+		Metric: failures.Metric(jsii.String("NumberOfMessagesPublished"), &awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	return alarms
+}
+
+func newDashboard(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Function, service awsecs.FargateService,
+	alarms []awscloudwatch.IAlarm, serviceName string) {
+	alarmRefs := make([]interfacesawscloudwatch.IAlarmRef, len(alarms))
+	for i, a := range alarms {
+		alarmRefs[i] = a
+	}
+	graph := func(title string, metrics ...awscloudwatch.IMetric) awscloudwatch.IWidget {
+		return awscloudwatch.NewGraphWidget(&awscloudwatch.GraphWidgetProps{
+			Title: jsii.String(title), Left: &metrics, Width: jsii.Number(8), Height: jsii.Number(6),
+		})
+	}
+	lambdaMetric := func(name, stat string) awscloudwatch.IMetric {
+		return fn.Metric(jsii.String(name), &awscloudwatch.MetricOptions{
+			Statistic: jsii.String(stat), Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		})
+	}
+	dash := awscloudwatch.NewDashboard(stack, jsii.String("Dashboard"), &awscloudwatch.DashboardProps{
+		DefaultInterval: awscdk.Duration_Hours(jsii.Number(3)),
+	})
+	dash.AddWidgets(
+		graph("Connections per worker",
+			fleetMetric(serviceName, schema.MetricOwned, "Average", 1),
+			fleetMetric(serviceName, schema.MetricOwned, "Maximum", 1)),
+		graph("Orphaned connections",
+			reconcilerMetric(schema.MetricOrphaned, "Maximum", 1),
+			reconcilerMetric(schema.MetricOrphanedOldest, "Maximum", 1)),
+		graph("Worker trouble",
+			fleetMetric(serviceName, schema.MetricSelfFences, "Sum", 1),
+			fleetMetric(serviceName, schema.MetricRenewFailures, "Sum", 1),
+			reconcilerMetric(schema.MetricWakeupsUndelivered, "Sum", 1)),
+	)
+	dash.AddWidgets(
+		graph("Reconciler", lambdaMetric("Invocations", "Sum"), lambdaMetric("Errors", "Sum"), lambdaMetric("Throttles", "Sum")),
+		graph("Reconciler duration and stream lag (ms)", lambdaMetric("Duration", "p99"), lambdaMetric("IteratorAge", "Maximum")),
+		graph("Table writes (WCU)", table.MetricConsumedWriteCapacityUnits(&awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		})),
+	)
+	dash.AddWidgets(
+		graph("Worker CPU and memory (%)", service.MetricCpuUtilization(nil), service.MetricMemoryUtilization(nil)),
+		awscloudwatch.NewAlarmStatusWidget(&awscloudwatch.AlarmStatusWidgetProps{
+			Title: jsii.String("Alarms"), Alarms: &alarmRefs, Width: jsii.Number(16), Height: jsii.Number(6),
+		}),
+	)
+}
+
+// seconds renders a whole number of seconds as a Go duration string.
+func seconds(n int) string { return fmt.Sprintf("%ds", n) }
+
+// retentionEnum maps validated retention days (Config.Validate) to the CDK enum.
+var retentionEnum = map[int]awslogs.RetentionDays{
+	1: awslogs.RetentionDays_ONE_DAY, 3: awslogs.RetentionDays_THREE_DAYS, 5: awslogs.RetentionDays_FIVE_DAYS,
+	7: awslogs.RetentionDays_ONE_WEEK, 14: awslogs.RetentionDays_TWO_WEEKS, 30: awslogs.RetentionDays_ONE_MONTH,
+	60: awslogs.RetentionDays_TWO_MONTHS, 90: awslogs.RetentionDays_THREE_MONTHS, 120: awslogs.RetentionDays_FOUR_MONTHS,
+	150: awslogs.RetentionDays_FIVE_MONTHS, 180: awslogs.RetentionDays_SIX_MONTHS, 365: awslogs.RetentionDays_ONE_YEAR,
+	400: awslogs.RetentionDays_THIRTEEN_MONTHS, 545: awslogs.RetentionDays_EIGHTEEN_MONTHS, 731: awslogs.RetentionDays_TWO_YEARS,
+	1096: awslogs.RetentionDays_THREE_YEARS, 1827: awslogs.RetentionDays_FIVE_YEARS, 2192: awslogs.RetentionDays_SIX_YEARS,
+	2557: awslogs.RetentionDays_SEVEN_YEARS, 2922: awslogs.RetentionDays_EIGHT_YEARS, 3288: awslogs.RetentionDays_NINE_YEARS,
+	3653: awslogs.RetentionDays_TEN_YEARS,
+}

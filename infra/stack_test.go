@@ -1,0 +1,721 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/aws/aws-cdk-go/awscdk/v2"
+	"github.com/aws/aws-cdk-go/awscdk/v2/assertions"
+	"github.com/aws/jsii-runtime-go"
+
+	"github.com/sockfleet/sockfleet/shared/filters"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Synthesis takes seconds and is the same for every test, so it happens once per
+// test binary, with the context cdk.json gives `cdk synth`.
+var (
+	synthOnce sync.Once
+	synthTpl  assertions.Template
+	synthJSON map[string]any
+	synthErr  error
+	synthDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if synthDir != "" {
+		os.RemoveAll(synthDir)
+	}
+	jsii.Close()
+	os.Exit(code)
+}
+
+// cdkContext is the "context" object of the repository's cdk.json: feature flags
+// and knob defaults.
+func cdkContext() (map[string]any, error) {
+	b, err := os.ReadFile(filepath.Join("..", "cdk.json"))
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Context map[string]any `json:"context"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("cdk.json: %w", err)
+	}
+	return doc.Context, nil
+}
+
+func synth() (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("synth panicked: %v", r)
+		}
+	}()
+	ctx, err := cdkContext()
+	if err != nil {
+		return err
+	}
+	if synthDir, err = os.MkdirTemp("", "sockfleet-infra-test-"); err != nil {
+		return err
+	}
+	// A stand-in for the reconciler binary: asset staging only copies it.
+	code := filepath.Join(synthDir, "reconciler")
+	if err := os.MkdirAll(code, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("#!/bin/false\n"), 0o755); err != nil {
+		return err
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		return err
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Context: &ctx, Outdir: jsii.String(filepath.Join(synthDir, "cdk.out"))})
+	cfg, err := ConfigFromContext(func(key string) any { return app.Node().TryGetContext(jsii.String(key)) })
+	if err != nil {
+		return err
+	}
+	stack := NewStack(app, stackName, &StackProps{Config: cfg, RepoRoot: root, ReconcilerCode: code})
+	synthTpl = assertions.Template_FromStack(stack, nil)
+	synthJSON = *synthTpl.ToJSON()
+	return nil
+}
+
+func template(t *testing.T) (assertions.Template, map[string]any) {
+	t.Helper()
+	synthOnce.Do(func() { synthErr = synth() })
+	if synthErr != nil {
+		t.Fatal(synthErr)
+	}
+	return synthTpl, synthJSON
+}
+
+// check runs one assertions.Template call: a failed assertion panics, and the panic
+// becomes a test error naming what was checked.
+func check(t *testing.T, what string, assert func()) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Errorf("%s: %v", what, r)
+		}
+	}()
+	assert()
+}
+
+// The template as plain JSON values, for the checks assertions.Match cannot say.
+type obj = map[string]any
+
+func ref(id string) obj          { return obj{"Ref": id} }
+func getAtt(id, attr string) obj { return obj{"Fn::GetAtt": []any{id, attr}} }
+
+// resources returns the resources of type typ, by logical id.
+func resources(tpl obj, typ string) map[string]obj {
+	out := map[string]obj{}
+	for id, r := range tpl["Resources"].(obj) {
+		if r := r.(obj); r["Type"] == typ {
+			out[id] = r
+		}
+	}
+	return out
+}
+
+// only returns the logical id and properties of the one resource of type typ that
+// satisfies keep (nil: any).
+func only(t *testing.T, tpl obj, typ string, keep func(props obj) bool) (string, obj) {
+	t.Helper()
+	var ids []string
+	var found obj
+	for id, r := range resources(tpl, typ) {
+		props, _ := r["Properties"].(obj)
+		if keep == nil || keep(props) {
+			ids = append(ids, id)
+			found = props
+		}
+	}
+	if len(ids) != 1 {
+		t.Fatalf("want exactly one %s, found %v", typ, ids)
+	}
+	return ids[0], found
+}
+
+// path walks nested objects and arrays: path(x, "A", 0, "B").
+func path(v any, keys ...any) any {
+	for _, k := range keys {
+		switch k := k.(type) {
+		case string:
+			m, ok := v.(obj)
+			if !ok {
+				return nil
+			}
+			v = m[k]
+		case int:
+			a, ok := v.([]any)
+			if !ok || k >= len(a) {
+				return nil
+			}
+			v = a[k]
+		}
+	}
+	return v
+}
+
+// same compares template values with expected ones through JSON, so numbers, slices
+// and maps of any Go type compare by value.
+func same(got, want any) bool {
+	g, err1 := json.Marshal(got)
+	w, err2 := json.Marshal(want)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	var gv, wv any
+	_ = json.Unmarshal(g, &gv)
+	_ = json.Unmarshal(w, &wv)
+	return reflect.DeepEqual(gv, wv)
+}
+
+func wantSame(t *testing.T, what string, got, want any) {
+	t.Helper()
+	if !same(got, want) {
+		g, _ := json.Marshal(got)
+		w, _ := json.Marshal(want)
+		t.Errorf("%s:\n got %s\nwant %s", what, g, w)
+	}
+}
+
+// ids of the main resources, found by what makes each unique.
+type ids struct {
+	table, cluster, secret, reconciler, reconcilerRole, reconcilerSG string
+	service, task, taskRole, execRole, workerSG, failureTopic        string
+}
+
+func findIDs(t *testing.T, tpl obj) ids {
+	t.Helper()
+	var x ids
+	x.table, _ = only(t, tpl, "AWS::DynamoDB::GlobalTable", nil)
+	x.cluster, _ = only(t, tpl, "AWS::ECS::Cluster", nil)
+	x.secret, _ = only(t, tpl, "AWS::SecretsManager::Secret", nil)
+	var fn obj
+	x.reconciler, fn = only(t, tpl, "AWS::Lambda::Function", func(p obj) bool { return p["Handler"] == "bootstrap" })
+	x.reconcilerRole, _ = path(fn, "Role", "Fn::GetAtt", 0).(string)
+	x.reconcilerSG, _ = path(fn, "VpcConfig", "SecurityGroupIds", 0, "Fn::GetAtt", 0).(string)
+	var svc, task obj
+	x.service, svc = only(t, tpl, "AWS::ECS::Service", nil)
+	x.workerSG, _ = path(svc, "NetworkConfiguration", "AwsvpcConfiguration", "SecurityGroups", 0, "Fn::GetAtt", 0).(string)
+	x.task, task = only(t, tpl, "AWS::ECS::TaskDefinition", nil)
+	x.taskRole, _ = path(task, "TaskRoleArn", "Fn::GetAtt", 0).(string)
+	x.execRole, _ = path(task, "ExecutionRoleArn", "Fn::GetAtt", 0).(string)
+	esm := resources(tpl, "AWS::Lambda::EventSourceMapping")
+	for _, r := range esm {
+		x.failureTopic, _ = path(r, "Properties", "DestinationConfig", "OnFailure", "Destination", "Ref").(string)
+	}
+	for name, v := range map[string]string{
+		"reconciler role": x.reconcilerRole, "reconciler security group": x.reconcilerSG,
+		"worker security group": x.workerSG, "task role": x.taskRole, "execution role": x.execRole,
+		"on-failure destination": x.failureTopic,
+	} {
+		if v == "" {
+			t.Fatalf("cannot find the %s in the template", name)
+		}
+	}
+	return x
+}
+
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	ctx, err := cdkContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ConfigFromContext(func(k string) any { return ctx[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func TestTable(t *testing.T) {
+	tpl, j := template(t)
+	def := schema.Table
+	check(t, "table key, billing, stream, TTL, retention", func() {
+		tpl.HasResource(jsii.String("AWS::DynamoDB::GlobalTable"), &map[string]any{
+			"DeletionPolicy":      "Retain",
+			"UpdateReplacePolicy": "Retain",
+			"Properties": assertions.Match_ObjectLike(&map[string]any{
+				"KeySchema":               []any{obj{"AttributeName": def.PartitionKey, "KeyType": "HASH"}},
+				"BillingMode":             "PAY_PER_REQUEST",
+				"StreamSpecification":     obj{"StreamViewType": def.StreamView},
+				"TimeToLiveSpecification": obj{"AttributeName": def.TTLAttribute, "Enabled": true},
+				"Replicas": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
+					"DeletionProtectionEnabled":        true,
+					"PointInTimeRecoverySpecification": obj{"PointInTimeRecoveryEnabled": true},
+				})}),
+			}),
+		})
+	})
+	wantSame(t, "stream view type", def.StreamView, "NEW_AND_OLD_IMAGES")
+
+	_, table := only(t, j, "AWS::DynamoDB::GlobalTable", nil)
+	var want []obj
+	for _, ix := range def.Indexes {
+		want = append(want, obj{
+			"IndexName":  ix.Name,
+			"KeySchema":  []any{obj{"AttributeName": ix.PartitionKey, "KeyType": "HASH"}},
+			"Projection": obj{"ProjectionType": string(ix.Projection)},
+		})
+	}
+	wantSame(t, "global secondary indexes (exactly schema.Table's)", table["GlobalSecondaryIndexes"], want)
+	if !strings.Contains(fmt.Sprint(table["GlobalSecondaryIndexes"]), schema.IndexLeaseOwner) ||
+		strings.Contains(fmt.Sprint(table["GlobalSecondaryIndexes"]), schema.AttrLeaseExpires) {
+		t.Errorf("want the %s index and no index keyed on %s", schema.IndexLeaseOwner, schema.AttrLeaseExpires)
+	}
+}
+
+func TestStreamEventSource(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	check(t, "event source settings", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::Lambda::EventSourceMapping"), assertions.Match_ObjectLike(&map[string]any{
+			"FunctionName":                   ref(x.reconciler),
+			"EventSourceArn":                 getAtt(x.table, "StreamArn"),
+			"StartingPosition":               "LATEST",
+			"BatchSize":                      100,
+			"MaximumBatchingWindowInSeconds": 0,
+			"BisectBatchOnFunctionError":     true,
+			"MaximumRetryAttempts":           5,
+			"MaximumRecordAgeInSeconds":      3600,
+			"FunctionResponseTypes":          []any{"ReportBatchItemFailures"},
+		}))
+	})
+	check(t, "exactly one event source mapping", func() {
+		tpl.ResourceCountIs(jsii.String("AWS::Lambda::EventSourceMapping"), jsii.Number(1))
+	})
+
+	_, esm := only(t, j, "AWS::Lambda::EventSourceMapping", nil)
+	// The filters, as parsed JSON, equal the shared patterns, in order.
+	got, _ := path(esm, "FilterCriteria", "Filters").([]any)
+	want := filters.JSON()
+	if len(got) != len(want) {
+		t.Fatalf("filters: got %d, want %d", len(got), len(want))
+	}
+	for i, f := range got {
+		pattern, _ := path(f, "Pattern").(string)
+		var g, w any
+		if err := json.Unmarshal([]byte(pattern), &g); err != nil {
+			t.Errorf("filter %d: %v", i, err)
+		}
+		if err := json.Unmarshal([]byte(want[i]), &w); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("filter %d:\n got %s\nwant %s", i, pattern, want[i])
+		}
+	}
+
+	// On failure: a topic (the design has no SQS), never a queue.
+	r := j["Resources"].(obj)[x.failureTopic].(obj)
+	if r["Type"] != "AWS::SNS::Topic" {
+		t.Errorf("on-failure destination is a %v, want AWS::SNS::Topic", r["Type"])
+	}
+	if n := len(resources(j, "AWS::SQS::Queue")); n != 0 {
+		t.Errorf("the stack has %d SQS queues, want none", n)
+	}
+}
+
+func TestReconcilerFunction(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	check(t, "runtime, architecture, handler, memory, timeout, VPC", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::Lambda::Function"), assertions.Match_ObjectLike(&map[string]any{
+			"Runtime":       "provided.al2023",
+			"Architectures": []any{"arm64"},
+			"Handler":       "bootstrap",
+			"MemorySize":    256,
+			"Timeout":       30,
+			"VpcConfig": obj{
+				"SecurityGroupIds": []any{getAtt(x.reconcilerSG, "GroupId")},
+				"SubnetIds":        assertions.Match_AnyValue(),
+			},
+		}))
+	})
+	_, fn := only(t, j, "AWS::Lambda::Function", func(p obj) bool { return p["Handler"] == "bootstrap" })
+	wantSame(t, "reconciler environment", path(fn, "Environment", "Variables"), obj{
+		schema.EnvTable:           ref(x.table),
+		schema.EnvWakeupSecretARN: ref(x.secret),
+		schema.EnvClusterARN:      getAtt(x.cluster, "Arn"),
+		schema.EnvSkewMargin:      "5s",
+		schema.EnvSweepPeriod:     seconds(sweepPeriodSeconds),
+	})
+	// In private subnets only.
+	for _, s := range path(fn, "VpcConfig", "SubnetIds").([]any) {
+		if id, _ := path(s, "Ref").(string); !strings.Contains(id, "Private") {
+			t.Errorf("reconciler subnet %v is not private", s)
+		}
+	}
+	if timeout := path(fn, "Timeout").(float64); timeout >= sweepPeriodSeconds {
+		t.Errorf("timeout %vs must be shorter than the sweep period %ds", timeout, sweepPeriodSeconds)
+	}
+}
+
+func TestNetwork(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	// The workers' only ingress: the reconciler's group, on the wakeup port.
+	if in := path(j, "Resources", x.workerSG, "Properties", "SecurityGroupIngress"); in != nil {
+		t.Errorf("worker security group has inline ingress %v", in)
+	}
+	var rules []obj
+	for _, r := range resources(j, "AWS::EC2::SecurityGroupIngress") {
+		p := r["Properties"].(obj)
+		if same(p["GroupId"], getAtt(x.workerSG, "GroupId")) {
+			rules = append(rules, p)
+		}
+	}
+	if len(rules) != 1 {
+		t.Fatalf("worker ingress rules: got %d, want 1: %v", len(rules), rules)
+	}
+	r := rules[0]
+	wantSame(t, "worker ingress", obj{
+		"IpProtocol": r["IpProtocol"], "FromPort": r["FromPort"], "ToPort": r["ToPort"],
+		"SourceSecurityGroupId": r["SourceSecurityGroupId"],
+	}, obj{
+		"IpProtocol": "tcp", "FromPort": schema.DefaultWakeupPort, "ToPort": schema.DefaultWakeupPort,
+		"SourceSecurityGroupId": getAtt(x.reconcilerSG, "GroupId"),
+	})
+	for _, k := range []string{"CidrIp", "CidrIpv6", "SourcePrefixListId"} {
+		if r[k] != nil {
+			t.Errorf("worker ingress has %s %v", k, r[k])
+		}
+	}
+	// The reconciler may only reach the workers' wakeup port and HTTPS.
+	check(t, "reconciler egress to workers", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::EC2::SecurityGroupEgress"), &map[string]any{
+			"GroupId":                    getAtt(x.reconcilerSG, "GroupId"),
+			"DestinationSecurityGroupId": getAtt(x.workerSG, "GroupId"),
+			"IpProtocol":                 "tcp",
+			"FromPort":                   schema.DefaultWakeupPort,
+			"ToPort":                     schema.DefaultWakeupPort,
+			"Description":                assertions.Match_AnyValue(),
+		})
+	})
+	wantSame(t, "reconciler inline egress", path(j, "Resources", x.reconcilerSG, "Properties", "SecurityGroupEgress"), []any{obj{
+		"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
+		"Description": path(j, "Resources", x.reconcilerSG, "Properties", "SecurityGroupEgress", 0, "Description"),
+	}})
+	check(t, "one NAT gateway", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1)) })
+	check(t, "DynamoDB gateway endpoint", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::EC2::VPCEndpoint"), assertions.Match_ObjectLike(&map[string]any{
+			"VpcEndpointType": "Gateway",
+		}))
+	})
+	_, ep := only(t, j, "AWS::EC2::VPCEndpoint", nil)
+	if s := fmt.Sprint(ep["ServiceName"]); !strings.Contains(s, "dynamodb") {
+		t.Errorf("gateway endpoint service %s, want dynamodb", s)
+	}
+}
+
+// statement is one IAM statement of a role, with its actions as a list.
+type statement struct {
+	policy   string
+	actions  []string
+	resource any
+}
+
+func roleStatements(j obj) map[string][]statement {
+	out := map[string][]statement{}
+	add := func(role, policy string, doc any) {
+		stmts, _ := path(doc, "Statement").([]any)
+		for _, s := range stmts {
+			var acts []string
+			switch a := path(s, "Action").(type) {
+			case string:
+				acts = []string{a}
+			case []any:
+				for _, x := range a {
+					acts = append(acts, fmt.Sprint(x))
+				}
+			}
+			out[role] = append(out[role], statement{policy: policy, actions: acts, resource: path(s, "Resource")})
+		}
+	}
+	for id, r := range resources(j, "AWS::IAM::Policy") {
+		for _, role := range path(r, "Properties", "Roles").([]any) {
+			roleID, _ := path(role, "Ref").(string)
+			add(roleID, id, path(r, "Properties", "PolicyDocument"))
+		}
+	}
+	for id, r := range resources(j, "AWS::IAM::Role") {
+		for _, p := range asSlice(path(r, "Properties", "Policies")) {
+			add(id, fmt.Sprint(path(p, "PolicyName")), path(p, "PolicyDocument"))
+		}
+	}
+	return out
+}
+
+func asSlice(v any) []any { s, _ := v.([]any); return s }
+
+func actionSet(stmts []statement) []string {
+	var out []string
+	for _, s := range stmts {
+		out = append(out, s.actions...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func TestIAMLeastPrivilege(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	roles := roleStatements(j)
+
+	for role, stmts := range roles {
+		for _, s := range stmts {
+			for _, a := range s.actions {
+				if a == "*" || strings.HasSuffix(a, ":*") || strings.Contains(a, "*") {
+					t.Errorf("role %s, policy %s: wildcard action %q", role, s.policy, a)
+				}
+			}
+		}
+	}
+	for id, r := range resources(j, "AWS::IAM::Role") {
+		for _, arn := range asSlice(path(r, "Properties", "ManagedPolicyArns")) {
+			if b, _ := json.Marshal(arn); strings.Contains(string(b), "FullAccess") {
+				t.Errorf("role %s has managed policy %s", id, b)
+			}
+		}
+	}
+
+	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
+		"dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
+	})
+	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
+		"dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords", "dynamodb:GetShardIterator",
+		"dynamodb:ListStreams", "dynamodb:Query", "dynamodb:Scan", "dynamodb:UpdateItem",
+		"secretsmanager:GetSecretValue", "sns:Publish",
+	})
+	for _, a := range actionSet(roles[x.execRole]) {
+		switch a {
+		case "ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+			"ecr:GetAuthorizationToken", "logs:CreateLogStream", "logs:PutLogEvents",
+			"secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret":
+		default:
+			t.Errorf("task execution role: unexpected action %s", a)
+		}
+	}
+
+	// Table actions reach the table and its indexes, nothing else; the secret and
+	// the topic are named exactly.
+	tableAndIndexes := []any{getAtt(x.table, "Arn"),
+		obj{"Fn::Join": []any{"", []any{getAtt(x.table, "Arn"), "/index/*"}}}}
+	for _, role := range []string{x.taskRole, x.reconcilerRole} {
+		for _, s := range roles[role] {
+			switch {
+			case slices.Contains(s.actions, "dynamodb:GetItem"):
+				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
+			case slices.Contains(s.actions, "dynamodb:GetRecords"):
+				wantSame(t, role+" stream resources", s.resource, getAtt(x.table, "StreamArn"))
+			case slices.Contains(s.actions, "secretsmanager:GetSecretValue"):
+				wantSame(t, role+" secret resource", s.resource, ref(x.secret))
+			case slices.Contains(s.actions, "sns:Publish"):
+				wantSame(t, role+" topic resource", s.resource, ref(x.failureTopic))
+			default:
+				t.Errorf("%s: unexpected statement %v", role, s.actions)
+			}
+		}
+	}
+}
+
+func TestEventRules(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	check(t, "task-stopped rule", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::Events::Rule"), assertions.Match_ObjectLike(&map[string]any{
+			"EventPattern": obj{
+				"source":      []any{"aws.ecs"},
+				"detail-type": []any{"ECS Task State Change"},
+				"detail": obj{
+					"clusterArn": []any{getAtt(x.cluster, "Arn")},
+					"lastStatus": []any{"STOPPED"},
+				},
+			},
+			"Targets": []any{assertions.Match_ObjectLike(&map[string]any{"Arn": getAtt(x.reconciler, "Arn")})},
+		}))
+	})
+	_, sweep := only(t, j, "AWS::Events::Rule", func(p obj) bool { return p["ScheduleExpression"] != nil })
+	wantSame(t, "sweep schedule", sweep["ScheduleExpression"], "rate(1 minute)")
+	wantSame(t, "sweep target", path(sweep, "Targets", 0, "Arn"), getAtt(x.reconciler, "Arn"))
+	var input any
+	if err := json.Unmarshal([]byte(fmt.Sprint(path(sweep, "Targets", 0, "Input"))), &input); err != nil {
+		t.Fatalf("sweep input: %v", err)
+	}
+	wantSame(t, "sweep input", input, obj{schema.SweepInputKey: schema.SweepInputValue})
+	check(t, "two rules", func() { tpl.ResourceCountIs(jsii.String("AWS::Events::Rule"), jsii.Number(2)) })
+}
+
+func TestWorkerTask(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	cfg := testConfig(t)
+	check(t, "task platform and container", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::ECS::TaskDefinition"), assertions.Match_ObjectLike(&map[string]any{
+			"RequiresCompatibilities": []any{"FARGATE"},
+			"RuntimePlatform":         obj{"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"},
+			"ContainerDefinitions": []any{assertions.Match_ObjectLike(&map[string]any{
+				"Essential": true,
+				"HealthCheck": assertions.Match_ObjectLike(&map[string]any{
+					"Command": []any{"CMD", "/worker", "healthcheck"},
+				}),
+				"StopTimeout":  120,
+				"PortMappings": []any{assertions.Match_ObjectLike(&map[string]any{"ContainerPort": schema.DefaultWakeupPort, "Protocol": "tcp"})},
+				"Secrets":      []any{obj{"Name": schema.EnvWakeupSecret, "ValueFrom": ref(x.secret)}},
+			})},
+		}))
+	})
+	_, task := only(t, j, "AWS::ECS::TaskDefinition", nil)
+	env := map[string]any{}
+	for _, e := range asSlice(path(task, "ContainerDefinitions", 0, "Environment")) {
+		env[fmt.Sprint(path(e, "Name"))] = path(e, "Value")
+	}
+	wantSame(t, "worker environment", env, obj{
+		schema.EnvTable:          ref(x.table),
+		schema.EnvListenAddr:     ":8080",
+		schema.EnvMaxConnections: fmt.Sprint(cfg.MaxConnectionsPerTask),
+		schema.EnvLease:          seconds(cfg.LeaseSeconds),
+		schema.EnvRenewInterval:  seconds(cfg.RenewSeconds),
+		schema.EnvRenewDeadline:  "50s",
+		schema.EnvSkewMargin:     "5s",
+		schema.EnvDrainTimeout:   "60s",
+		schema.EnvServiceName:    stackName + "-worker",
+	})
+	if _, ok := env[schema.EnvWakeupSecret]; ok {
+		t.Errorf("the wakeup secret is a plain environment variable")
+	}
+	// The secret reaches the task through the execution role, not the task role.
+	var execCanRead bool
+	for _, s := range roleStatements(j)[x.execRole] {
+		execCanRead = execCanRead || slices.Contains(s.actions, "secretsmanager:GetSecretValue") && same(s.resource, ref(x.secret))
+	}
+	if !execCanRead {
+		t.Errorf("the task execution role cannot read the wakeup secret")
+	}
+	// The drain must end well before ECS's SIGKILL.
+	if drainTimeoutSeconds >= stopTimeoutSeconds {
+		t.Errorf("drain %ds is not shorter than stopTimeout %ds", drainTimeoutSeconds, stopTimeoutSeconds)
+	}
+}
+
+func TestWorkerService(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	cfg := testConfig(t)
+	check(t, "cluster with Container Insights", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::ECS::Cluster"), &map[string]any{
+			"ClusterSettings": []any{obj{"Name": "containerInsights", "Value": "enabled"}},
+		})
+	})
+	check(t, "service", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::ECS::Service"), assertions.Match_ObjectLike(&map[string]any{
+			"Cluster":      ref(x.cluster),
+			"LaunchType":   "FARGATE",
+			"DesiredCount": cfg.DesiredCount,
+			"ServiceName":  stackName + "-worker",
+			"DeploymentConfiguration": assertions.Match_ObjectLike(&map[string]any{
+				"DeploymentCircuitBreaker": obj{"Enable": true, "Rollback": true},
+				"MinimumHealthyPercent":    100,
+			}),
+			"NetworkConfiguration": obj{"AwsvpcConfiguration": assertions.Match_ObjectLike(&map[string]any{
+				"AssignPublicIp": "DISABLED",
+			})},
+		}))
+	})
+	check(t, "scaling bounds", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::ApplicationAutoScaling::ScalableTarget"), assertions.Match_ObjectLike(&map[string]any{
+			"MinCapacity": cfg.DesiredCount, "MaxCapacity": cfg.MaxCount,
+		}))
+	})
+	for metric, value := range map[string]int{"ECSServiceAverageCPUUtilization": 60, "ECSServiceAverageMemoryUtilization": 70} {
+		check(t, metric+" scaling", func() {
+			tpl.HasResourceProperties(jsii.String("AWS::ApplicationAutoScaling::ScalingPolicy"), assertions.Match_ObjectLike(&map[string]any{
+				"TargetTrackingScalingPolicyConfiguration": assertions.Match_ObjectLike(&map[string]any{
+					"PredefinedMetricSpecification": obj{"PredefinedMetricType": metric},
+					"TargetValue":                   value,
+				}),
+			}))
+		})
+	}
+	check(t, "connections-per-task scaling", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::ApplicationAutoScaling::ScalingPolicy"), assertions.Match_ObjectLike(&map[string]any{
+			"TargetTrackingScalingPolicyConfiguration": assertions.Match_ObjectLike(&map[string]any{
+				"CustomizedMetricSpecification": obj{
+					"Namespace":  schema.MetricNamespace,
+					"MetricName": schema.MetricOwned,
+					"Statistic":  "Average",
+					"Dimensions": []any{obj{"Name": schema.MetricDimService, "Value": stackName + "-worker"}},
+				},
+				"TargetValue": cfg.ConnectionsTarget(),
+			}),
+		}))
+	})
+}
+
+func TestOperations(t *testing.T) {
+	tpl, j := template(t)
+	x := findIDs(t, j)
+	alarms := map[string]*map[string]any{
+		"orphaned connections": {
+			"Namespace": schema.MetricNamespace, "MetricName": schema.MetricOrphanedOldest,
+			"Statistic": "Maximum", "Threshold": 120, "TreatMissingData": "breaching",
+		},
+		"reconciler errors": {
+			"Namespace": "AWS/Lambda", "MetricName": "Errors",
+			"Dimensions": []any{obj{"Name": "FunctionName", "Value": ref(x.reconciler)}},
+		},
+		"stream iterator age": {
+			"Namespace": "AWS/Lambda", "MetricName": "IteratorAge",
+			"Dimensions": []any{obj{"Name": "FunctionName", "Value": ref(x.reconciler)}},
+		},
+		"self-fences": {
+			"Namespace": schema.MetricNamespace, "MetricName": schema.MetricSelfFences,
+			"Dimensions": []any{obj{"Name": schema.MetricDimService, "Value": stackName + "-worker"}},
+		},
+		"failed stream batches": {
+			"Namespace": "AWS/SNS", "MetricName": "NumberOfMessagesPublished",
+		},
+	}
+	for name, props := range alarms {
+		(*props)["AlarmActions"] = assertions.Match_AnyValue()
+		check(t, name+" alarm", func() {
+			tpl.HasResourceProperties(jsii.String("AWS::CloudWatch::Alarm"), assertions.Match_ObjectLike(props))
+		})
+	}
+	check(t, "dashboard", func() { tpl.ResourceCountIs(jsii.String("AWS::CloudWatch::Dashboard"), jsii.Number(1)) })
+	for id, value := range map[string]any{
+		"TableName": ref(x.table), "ClusterName": ref(x.cluster), "FunctionName": ref(x.reconciler),
+	} {
+		check(t, "output "+id, func() {
+			tpl.HasOutput(jsii.String(id), &map[string]any{"Value": value})
+		})
+	}
+}
+
+// The worker image's build context is the repository root: what must never enter it.
+func TestDockerignore(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Fields(string(b))
+	for _, want := range []string{"cdk.out", "infra", ".tools", ".local", ".git"} {
+		if !slices.Contains(lines, want) {
+			t.Errorf(".dockerignore does not exclude %s", want)
+		}
+	}
+}

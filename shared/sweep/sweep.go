@@ -1,0 +1,349 @@
+// Package sweep is the reconciler's low-rate backstop. Events drive failover (releases
+// and crash events flow through the stream); the sweep only turns what no event
+// reported into a write that the stream then carries:
+//
+//   - a lease expired more than the skew margin ago is released (lease.ReleaseExpired,
+//     conditioned on owner and version): a hung or partitioned worker;
+//   - a STARTED connection that has sat unowned longer than NudgeAfter is nudged: a
+//     conditional write of nudged_at_ms (and lease_expires_at_ms = 0) that the stream
+//     filters pass and the classifier reads as "needs an owner";
+//   - a WORKER# item whose heartbeat lapsed more than the skew margin ago is deleted,
+//     conditioned on the heartbeat still being lapsed (TTL would, but lazily).
+//
+// It also counts orphans: STARTED connections with no live owner.
+//
+// Read cost. There is no index keyed on expiry (every heartbeat would write to it), so
+// the sweep is a paginated, eventually consistent Scan, which costs 0.5 read request
+// unit per 4 KB read. A connection item is about 300 bytes, so a 10,000-connection
+// table is about 3 MB: about 370 read units per full pass, in 10 pages of 1,000 items,
+// plus one registry Query. At one run every 5 minutes that is about 107,000 read units
+// a day. Writes happen only for items that need one. Each run reads at most MaxItems
+// items; a table larger than that is split into Segments (parallel-scan segments), one
+// segment per Period, so every item is visited once per Segments × Period.
+//
+// Non-guarantees: the orphan metric describes the items this run read (one segment
+// when Segments > 1); an item that changes during the scan is judged on what the scan
+// saw, which is safe because every write is conditional.
+package sweep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// DynamoDB is the part of the SDK client the sweep uses.
+type DynamoDB interface {
+	Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
+	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
+}
+
+// Leases releases expired leases (*lease.Store).
+type Leases interface {
+	ReleaseExpired(ctx context.Context, id, owner string, version int64, now time.Time) error
+}
+
+// Workers lists the registry (*registry.Registry).
+type Workers interface {
+	List(ctx context.Context) ([]codec.Worker, []error, error)
+}
+
+// Config configures a Sweeper.
+type Config struct {
+	Table string
+	// SkewMargin: a lease or heartbeat counts as lapsed only this long after its
+	// expiry. Default lease.DefaultSkewMargin.
+	SkewMargin time.Duration
+	// NudgeAfter: an unowned STARTED item is nudged only once it has been unowned (or
+	// last nudged) this long ago, so the sweep does not race fresh wakeups. Default 2m.
+	NudgeAfter time.Duration
+	// PageSize is the Scan page limit. Default 1000.
+	PageSize int32
+	// MaxItems bounds the items read per run. Default 50,000.
+	MaxItems int
+	// Segments splits the table into parallel-scan segments; each run reads one,
+	// chosen by the clock (one per Period). Default 1.
+	Segments int
+	// Period is the sweep schedule's period. Default 5m.
+	Period time.Duration
+}
+
+// Defaults.
+const (
+	DefaultNudgeAfter = 2 * time.Minute
+	DefaultPageSize   = 1000
+	DefaultMaxItems   = 50_000
+	DefaultPeriod     = 5 * time.Minute
+)
+
+// Validate checks c and fills defaults.
+func (c *Config) Validate() error {
+	if c.Table == "" {
+		return errors.New("sweep config: table name is empty")
+	}
+	if c.SkewMargin == 0 {
+		c.SkewMargin = lease.DefaultSkewMargin
+	}
+	if c.NudgeAfter == 0 {
+		c.NudgeAfter = DefaultNudgeAfter
+	}
+	if c.PageSize == 0 {
+		c.PageSize = DefaultPageSize
+	}
+	if c.MaxItems == 0 {
+		c.MaxItems = DefaultMaxItems
+	}
+	if c.Segments == 0 {
+		c.Segments = 1
+	}
+	if c.Period == 0 {
+		c.Period = DefaultPeriod
+	}
+	switch {
+	case c.SkewMargin < 0 || c.NudgeAfter < 0 || c.Period < 0:
+		return fmt.Errorf("sweep config: durations must be positive")
+	case c.PageSize < 1 || c.MaxItems < 1:
+		return fmt.Errorf("sweep config: page size %d and max items %d must be positive", c.PageSize, c.MaxItems)
+	case c.Segments < 1 || c.Segments > 1_000_000:
+		return fmt.Errorf("sweep config: segments %d: want 1 to 1,000,000", c.Segments)
+	case c.NudgeAfter <= c.SkewMargin:
+		return fmt.Errorf("sweep config: nudge-after %s must exceed the skew margin %s", c.NudgeAfter, c.SkewMargin)
+	}
+	return nil
+}
+
+// Sweeper runs sweeps.
+type Sweeper struct {
+	db      DynamoDB
+	leases  Leases
+	workers Workers
+	cfg     Config
+	log     *slog.Logger
+}
+
+// New returns a Sweeper.
+func New(db DynamoDB, leases Leases, workers Workers, cfg Config, log *slog.Logger) (*Sweeper, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Sweeper{db: db, leases: leases, workers: workers, cfg: cfg, log: log}, nil
+}
+
+// Report is what one run did.
+type Report struct {
+	Segment, Segments int
+	Pages, Scanned    int
+	Complete          bool // the segment was read to its end within MaxItems
+	Released          int  // expired leases released
+	Nudged            int
+	WorkersCleared    int
+	Orphaned          int           // STARTED connections with no live owner
+	OldestOrphan      time.Duration // how long the oldest known orphan has been one
+	Errors            int
+}
+
+// Run sweeps once, at now. It returns the report and the errors it met; one bad item
+// never stops the run.
+func (s *Sweeper) Run(ctx context.Context, now time.Time) (Report, error) {
+	seg := 0
+	if s.cfg.Segments > 1 {
+		seg = int((now.UnixNano() / int64(s.cfg.Period)) % int64(s.cfg.Segments))
+	}
+	r := Report{Segment: seg, Segments: s.cfg.Segments}
+	live := map[string]codec.Worker{}
+	if ws, _, err := s.workers.List(ctx); err != nil {
+		s.log.WarnContext(ctx, "sweep: list workers; judging orphans by lease only", "err", err)
+		live = nil
+	} else {
+		for _, w := range ws {
+			if w.Live(now.UnixMilli()) {
+				live[w.ID] = w
+			}
+		}
+	}
+	var errs []error
+	var start map[string]types.AttributeValue
+	for {
+		in := &dynamodb.ScanInput{
+			TableName:         &s.cfg.Table,
+			Limit:             aws.Int32(min(s.cfg.PageSize, int32(s.cfg.MaxItems-r.Scanned))),
+			ExclusiveStartKey: start,
+		}
+		if s.cfg.Segments > 1 {
+			in.Segment, in.TotalSegments = aws.Int32(int32(seg)), aws.Int32(int32(s.cfg.Segments))
+		}
+		page, err := s.db.Scan(ctx, in)
+		if err != nil {
+			return r, errors.Join(append(errs, fmt.Errorf("sweep: scan: %w", err))...)
+		}
+		r.Pages++
+		r.Scanned += len(page.Items)
+		for _, it := range page.Items {
+			if err := s.item(ctx, it, now, live, &r); err != nil {
+				r.Errors++
+				errs = append(errs, err)
+			}
+		}
+		if len(page.LastEvaluatedKey) == 0 {
+			r.Complete = true
+			break
+		}
+		if r.Scanned >= s.cfg.MaxItems {
+			s.log.WarnContext(ctx, "sweep: item budget reached before the end of the segment; raise the segment count",
+				"scanned", r.Scanned, "segment", seg, "segments", s.cfg.Segments)
+			break
+		}
+		start = page.LastEvaluatedKey
+	}
+	return r, errors.Join(errs...)
+}
+
+func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live map[string]codec.Worker, r *Report) error {
+	pk, _ := it[schema.AttrPK].(*types.AttributeValueMemberS)
+	if pk == nil {
+		return nil
+	}
+	if id, ok := schema.WorkerID(pk.Value); ok {
+		w, _ := codec.DecodeWorker(it) // the heartbeat is read even from an item with a bad field
+		w.ID = id
+		return s.worker(ctx, w, now, r)
+	}
+	if _, ok := schema.ConnID(pk.Value); !ok {
+		return nil
+	}
+	c, derr := codec.DecodeConnection(it)
+	nowMs, margin := now.UnixMilli(), s.cfg.SkewMargin.Milliseconds()
+	if c.Expired(nowMs, margin) {
+		// Released whatever the desired state: a STOPPED item can keep a dead owner's
+		// lease too, and releasing it wakes nobody (the filters do not pass it).
+		err := s.leases.ReleaseExpired(ctx, c.ID, c.LeaseOwner, c.LeaseVersion, now)
+		switch {
+		case err == nil:
+			r.Released++
+			s.log.InfoContext(ctx, "sweep: released expired lease", "id", c.ID, "owner", c.LeaseOwner, "version", c.LeaseVersion,
+				"expired_ms_ago", nowMs-c.LeaseExpiresAtMs)
+		case errors.Is(err, lease.ErrLost), errors.Is(err, lease.ErrHeld), errors.Is(err, lease.ErrNotFound):
+			// changed since the scan read it
+		default:
+			return err
+		}
+	}
+	if derr != nil || c.DesiredState != schema.Started {
+		return nil // an unusable item cannot be run; the worker's acquire would give it back
+	}
+	if age, orphan := orphaned(c, now, live); orphan {
+		r.Orphaned++
+		r.OldestOrphan = max(r.OldestOrphan, age)
+	}
+	if c.Owned() {
+		return nil
+	}
+	since := max(c.StatusAtMs, c.NudgedAtMs)
+	if since != 0 && nowMs-since < s.cfg.NudgeAfter.Milliseconds() {
+		return nil
+	}
+	ok, err := Nudge(ctx, s.db, s.cfg.Table, c.ID, now)
+	if err != nil {
+		return err
+	}
+	if ok {
+		r.Nudged++
+		s.log.InfoContext(ctx, "sweep: nudged unowned connection", "id", c.ID, "unowned_since_ms", since)
+	}
+	return nil
+}
+
+// orphaned reports whether a STARTED connection has no live owner, and since when
+// (zero if unknown: an item never owned carries no timestamp).
+func orphaned(c codec.Connection, now time.Time, live map[string]codec.Worker) (time.Duration, bool) {
+	nowMs := now.UnixMilli()
+	ago := func(ms int64) time.Duration {
+		if ms <= 0 || ms > nowMs {
+			return 0
+		}
+		return time.Duration(nowMs-ms) * time.Millisecond
+	}
+	switch {
+	case !c.Owned():
+		return ago(max(c.StatusAtMs, c.NudgedAtMs)), true
+	case c.LeaseExpiresAtMs < nowMs:
+		return ago(c.LeaseExpiresAtMs), true
+	case live != nil:
+		if _, ok := live[c.LeaseOwner]; !ok {
+			return 0, true // the crash handler has yet to release it; age unknown
+		}
+	}
+	return 0, false
+}
+
+func (s *Sweeper) worker(ctx context.Context, w codec.Worker, now time.Time, r *Report) error {
+	cutoff := now.Add(-s.cfg.SkewMargin).UnixMilli()
+	if w.HeartbeatExpiresAtMs >= cutoff {
+		return nil
+	}
+	_, err := s.db.DeleteItem(ctx, &dynamodb.DeleteItemInput{
+		TableName:                &s.cfg.Table,
+		Key:                      map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.WorkerKey(w.ID))},
+		ConditionExpression:      aws.String("attribute_not_exists(#h) OR #h < :cutoff"),
+		ExpressionAttributeNames: map[string]string{"#h": schema.AttrHeartbeatExpires},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":cutoff": codec.N(cutoff),
+		},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		r.WorkersCleared++
+		s.log.InfoContext(ctx, "sweep: cleared lapsed worker", "worker", w.ID, "heartbeat_expired_ms_ago", now.UnixMilli()-w.HeartbeatExpiresAtMs)
+		return nil
+	case errors.As(err, &ccf):
+		return nil // it heartbeat meanwhile
+	default:
+		return fmt.Errorf("sweep: clear worker %s: %w", w.ID, err)
+	}
+}
+
+// Nudge makes the stream carry connection id again so the reconciler looks for an
+// owner: it writes nudged_at_ms = now and lease_expires_at_ms = 0, only if the item
+// exists, is STARTED and is unowned (no lease_owner, or a released lease). It reports
+// whether it wrote; false means the item changed and needs no nudge.
+func Nudge(ctx context.Context, db DynamoDB, table, id string, now time.Time) (bool, error) {
+	if err := schema.ValidateID(id); err != nil {
+		return false, fmt.Errorf("nudge: %w", err)
+	}
+	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           &table,
+		Key:                 map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
+		UpdateExpression:    aws.String("SET #n = :now, #e = :zero"),
+		ConditionExpression: aws.String("attribute_exists(#pk) AND #d = :started AND (attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero)"),
+		ExpressionAttributeNames: map[string]string{
+			"#pk": schema.AttrPK, "#n": schema.AttrNudgedAt, "#e": schema.AttrLeaseExpires,
+			"#d": schema.AttrDesiredState, "#o": schema.AttrLeaseOwner,
+		},
+		ExpressionAttributeValues: map[string]types.AttributeValue{
+			":now": codec.N(now.UnixMilli()), ":zero": codec.N(0), ":started": codec.S(string(schema.Started)),
+		},
+	})
+	var ccf *types.ConditionalCheckFailedException
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &ccf):
+		return false, nil
+	default:
+		return false, fmt.Errorf("nudge %s: %w", id, err)
+	}
+}

@@ -1,0 +1,149 @@
+// Package app assembles a worker from its parts: lease store, registry, sink,
+// streams, ownership loop and HTTP listener. main calls it with the process's
+// configuration; tests call it with short timings, their own listener and a DynamoDB
+// client they can cut.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/registry"
+	"github.com/sockfleet/sockfleet/worker/internal/config"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
+	"github.com/sockfleet/sockfleet/worker/internal/owner"
+	"github.com/sockfleet/sockfleet/worker/internal/server"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
+	"github.com/sockfleet/sockfleet/worker/internal/stream"
+)
+
+// DB is every DynamoDB call the worker makes, all through the shared packages except
+// the start-up scan.
+type DB interface {
+	lease.DynamoDB
+	registry.DynamoDB
+	owner.Scanner
+}
+
+// Deps are the worker's outside dependencies.
+type Deps struct {
+	DB       DB
+	Listener net.Listener // nil: listen on cfg.ListenAddr
+	Stdout   io.Writer    // the stdout sink writes here
+	Stderr   io.Writer    // EMF metric lines go here
+	Log      *slog.Logger
+	Sink     sink.Sink // nil: the one cfg names
+	// Stream tunes the connection runner (timeouts, backoff, jitter). Its sink,
+	// metrics, log and resume/sequence settings are filled from cfg and the above.
+	Stream stream.Config
+	// NoStartupPass skips the start-up acquire pass.
+	NoStartupPass bool
+}
+
+// App is an assembled worker.
+type App struct {
+	Manager *owner.Manager
+	Metrics *metrics.Counters
+
+	cfg  config.Config
+	ln   net.Listener
+	hs   *http.Server
+	sink sink.Sink
+	log  *slog.Logger
+}
+
+// New assembles a worker. cfg must be valid (config.Load validates it).
+func New(cfg config.Config, d Deps) (*App, error) {
+	if d.Log == nil {
+		d.Log = slog.New(slog.DiscardHandler)
+	}
+	snk := d.Sink
+	if snk == nil {
+		var err error
+		if snk, err = cfg.OpenSink(d.Stdout, false); err != nil {
+			return nil, err
+		}
+	}
+	m := new(metrics.Counters)
+	sc := d.Stream
+	sc.Sink, sc.Metrics, sc.Log = snk, m, d.Log
+	var err error
+	if sc.Resume, err = stream.ParseResume(cfg.Resume); err != nil {
+		return nil, err
+	}
+	if sc.SeqPath, err = stream.ParseSeqPath(cfg.SeqPath); err != nil {
+		return nil, err
+	}
+	if sc.BadMessages, err = stream.ParseBadPolicy(cfg.BadMessages); err != nil {
+		return nil, err
+	}
+	if err := sc.Fill(); err != nil {
+		return nil, err
+	}
+	store, err := lease.New(d.DB, lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin})
+	if err != nil {
+		return nil, err
+	}
+	oc := owner.Config{
+		WorkerID: cfg.WorkerID, Addr: cfg.AdvertiseAddr, MaxConnections: cfg.MaxConnections,
+		Lease: cfg.Lease, RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
+		SkewMargin: cfg.SkewMargin, DrainTimeout: cfg.DrainTimeout,
+		Store:    store,
+		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
+		NewStream: func(id, url string, lastSeq int64) owner.Stream {
+			return stream.New(&sc, id, url, lastSeq)
+		},
+		Metrics: m,
+		EMF:     &metrics.EMF{W: d.Stderr, Service: cfg.ServiceName},
+		Log:     d.Log,
+	}
+	if !d.NoStartupPass {
+		oc.Candidates = func(ctx context.Context) ([]string, error) {
+			return owner.ScanCandidates(ctx, d.DB, cfg.Table, time.Now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+		}
+	}
+	mgr, err := owner.New(oc)
+	if err != nil {
+		return nil, err
+	}
+	ln := d.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", cfg.ListenAddr); err != nil {
+			return nil, fmt.Errorf("listen: %w", err)
+		}
+	}
+	srv := &server.Server{Secret: cfg.WakeupSecret, Owner: mgr, Metrics: m, Log: d.Log}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
+	return &App{Manager: mgr, Metrics: m, cfg: cfg, ln: ln, hs: hs, sink: snk, log: d.Log}, nil
+}
+
+// Addr is the listener's address.
+func (a *App) Addr() string { return a.ln.Addr().String() }
+
+// Run serves and owns connections until ctx is cancelled, then drains (see
+// owner.Manager.Run) and stops the listener. It returns after everything it started
+// has stopped.
+func (a *App) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 1)
+	wg.Go(func() { serveErr <- a.hs.Serve(a.ln) })
+	a.log.Info("worker started", "id", a.cfg.WorkerID, "addr", a.cfg.AdvertiseAddr, "capacity", a.cfg.MaxConnections)
+	runErr := a.Manager.Run(ctx)
+	// The listener stays up through the drain, answering 503 to wakeups.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	herr := a.hs.Shutdown(sctx)
+	wg.Wait()
+	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+		herr = errors.Join(herr, err)
+	}
+	return errors.Join(runErr, herr, a.sink.Close())
+}

@@ -1,0 +1,277 @@
+// Package config is the worker's configuration: a struct with defaults, loading from
+// environment variables (through a getenv the caller passes, so only main touches
+// the process environment), and a Validate that encodes the timing rules.
+package config
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
+	"github.com/sockfleet/sockfleet/worker/internal/stream"
+)
+
+// EnvECSMetadata is set by ECS in every container: the task metadata endpoint (v4).
+const EnvECSMetadata = "ECS_CONTAINER_METADATA_URI_V4"
+
+// Config is the worker's configuration.
+type Config struct {
+	Table          string
+	WorkerID       string
+	ListenAddr     string // wakeup, /healthz and /metrics listener
+	AdvertiseAddr  string // host:port the reconciler calls
+	MaxConnections int
+
+	Lease         time.Duration
+	RenewInterval time.Duration
+	RenewDeadline time.Duration
+	SkewMargin    time.Duration
+	DrainTimeout  time.Duration
+
+	Sink        string // stdout | file:PATH | http(s)://URL
+	Resume      string // see stream.ParseResume
+	SeqPath     string // JSON field path of a message's sequence; empty: count messages
+	BadMessages string // count | skip | pass
+
+	WakeupSecret []byte
+	ServiceName  string // ServiceName dimension of emitted metrics; empty: none
+}
+
+// Defaults: a 60 s lease renewed every 20 s (3 writes per connection-minute, against
+// the seed's 12 billed at 3 each), fenced 50 s after the last good renew start, which
+// leaves two retries before a connection stops and 5 s to spare against the lease
+// less the skew margin. Failover does not wait for expiry (events drive it), so a
+// long lease costs nothing there. The 60 s drain is half of ECS's 120 s stopTimeout.
+func Defaults() Config {
+	return Config{
+		Table:          schema.DefaultTableName,
+		ListenAddr:     ":" + strconv.Itoa(schema.DefaultWakeupPort),
+		MaxConnections: 1000,
+		Lease:          60 * time.Second,
+		RenewInterval:  20 * time.Second,
+		RenewDeadline:  50 * time.Second,
+		SkewMargin:     5 * time.Second,
+		DrainTimeout:   60 * time.Second,
+		Sink:           "stdout",
+		Resume:         stream.DefaultResume,
+		BadMessages:    string(stream.BadCount),
+	}
+}
+
+// Validate checks c. Errors name the environment variable to fix.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(env, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", env, fmt.Sprintf(format, args...)))
+	}
+	if c.Table == "" {
+		bad(schema.EnvTable, "empty")
+	}
+	if err := schema.ValidateID(c.WorkerID); err != nil {
+		bad(schema.EnvWorkerID, "%v", err)
+	}
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		bad(schema.EnvListenAddr, "want [host]:port: %v", err)
+	}
+	if h, p, err := net.SplitHostPort(c.AdvertiseAddr); err != nil || h == "" || p == "" || p == "0" {
+		bad(schema.EnvAdvertiseAddr, "want host:port, got %q", c.AdvertiseAddr)
+	}
+	if c.MaxConnections <= 0 {
+		bad(schema.EnvMaxConnections, "%d must be positive", c.MaxConnections)
+	}
+	switch {
+	case c.RenewInterval <= 0:
+		bad(schema.EnvRenewInterval, "%s must be positive", c.RenewInterval)
+	case c.RenewDeadline <= c.RenewInterval:
+		bad(schema.EnvRenewDeadline, "%s must be longer than %s (%s)", c.RenewDeadline, schema.EnvRenewInterval, c.RenewInterval)
+	case c.Lease <= c.RenewDeadline:
+		bad(schema.EnvLease, "%s must be longer than %s (%s)", c.Lease, schema.EnvRenewDeadline, c.RenewDeadline)
+	case c.SkewMargin < 0 || c.Lease-c.SkewMargin <= c.RenewInterval:
+		// Otherwise a lease would fence itself before its next renew.
+		bad(schema.EnvSkewMargin, "%s must be at least 0 and leave more than %s (%s) of the lease (%s)",
+			c.SkewMargin, schema.EnvRenewInterval, c.RenewInterval, c.Lease)
+	}
+	if c.DrainTimeout <= 0 {
+		bad(schema.EnvDrainTimeout, "%s must be positive", c.DrainTimeout)
+	}
+	if _, err := c.OpenSink(io.Discard, true); err != nil {
+		bad(schema.EnvSink, "%v", err)
+	}
+	if _, err := stream.ParseResume(c.Resume); err != nil {
+		bad(schema.EnvResume, "%v", err)
+	}
+	if _, err := stream.ParseSeqPath(c.SeqPath); err != nil {
+		bad(schema.EnvSeqPath, "%v", err)
+	}
+	if _, err := stream.ParseBadPolicy(c.BadMessages); err != nil {
+		bad(schema.EnvBadMessages, "%v", err)
+	}
+	if _, err := wakeup.ParseSecret(string(c.WakeupSecret)); err != nil {
+		bad(schema.EnvWakeupSecret, "%v", err)
+	}
+	return errors.Join(errs...)
+}
+
+// OpenSink builds the configured sink. With dryRun, a file sink is only checked.
+func (c *Config) OpenSink(stdout io.Writer, dryRun bool) (sink.Sink, error) {
+	if dryRun && strings.HasPrefix(c.Sink, "file:") {
+		if strings.TrimPrefix(c.Sink, "file:") == "" {
+			return nil, fmt.Errorf("sink %q: empty file path", c.Sink)
+		}
+		return nil, nil
+	}
+	return sink.Parse(c.Sink, stdout)
+}
+
+// Load reads the configuration from getenv over the defaults, fills the worker id and
+// advertise address from ECS task metadata (or local fallbacks), and validates it.
+func Load(ctx context.Context, getenv func(string) string) (Config, error) {
+	c := Defaults()
+	var errs []error
+	str := func(env string, dst *string) {
+		if v := getenv(env); v != "" {
+			*dst = v
+		}
+	}
+	dur := func(env string, dst *time.Duration) {
+		if v := getenv(env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %q is not a duration like 20s", env, v))
+				return
+			}
+			*dst = d
+		}
+	}
+	str(schema.EnvTable, &c.Table)
+	str(schema.EnvWorkerID, &c.WorkerID)
+	str(schema.EnvListenAddr, &c.ListenAddr)
+	str(schema.EnvAdvertiseAddr, &c.AdvertiseAddr)
+	if v := getenv(schema.EnvMaxConnections); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q is not an integer", schema.EnvMaxConnections, v))
+		}
+		c.MaxConnections = n
+	}
+	dur(schema.EnvLease, &c.Lease)
+	dur(schema.EnvRenewInterval, &c.RenewInterval)
+	dur(schema.EnvRenewDeadline, &c.RenewDeadline)
+	dur(schema.EnvSkewMargin, &c.SkewMargin)
+	dur(schema.EnvDrainTimeout, &c.DrainTimeout)
+	str(schema.EnvSink, &c.Sink)
+	str(schema.EnvResume, &c.Resume)
+	c.SeqPath = getenv(schema.EnvSeqPath)
+	str(schema.EnvBadMessages, &c.BadMessages)
+	c.WakeupSecret = []byte(getenv(schema.EnvWakeupSecret))
+	c.ServiceName = getenv(schema.EnvServiceName)
+	if len(errs) > 0 {
+		return c, errors.Join(errs...)
+	}
+
+	port := listenPort(c.ListenAddr)
+	if c.WorkerID == "" || c.AdvertiseAddr == "" {
+		taskID, ip := "", ""
+		if uri := getenv(EnvECSMetadata); uri != "" {
+			var err error
+			if taskID, ip, err = ECSMetadata(ctx, http.DefaultClient, uri); err != nil {
+				return c, fmt.Errorf("%s: %w", EnvECSMetadata, err)
+			}
+		}
+		if c.WorkerID == "" {
+			c.WorkerID = taskID
+			if c.WorkerID == "" {
+				host, _ := os.Hostname()
+				c.WorkerID = fmt.Sprintf("%s-%d", sanitize(host), os.Getpid())
+			}
+		}
+		if c.AdvertiseAddr == "" {
+			if ip == "" {
+				ip = "127.0.0.1"
+			}
+			c.AdvertiseAddr = net.JoinHostPort(ip, port)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.AdvertiseAddr); err != nil && !strings.Contains(c.AdvertiseAddr, ":") {
+		c.AdvertiseAddr = net.JoinHostPort(c.AdvertiseAddr, port) // a bare host: the listener's port
+	}
+	return c, c.Validate()
+}
+
+func listenPort(addr string) string {
+	if _, p, err := net.SplitHostPort(addr); err == nil && p != "" && p != "0" {
+		return p
+	}
+	return strconv.Itoa(schema.DefaultWakeupPort)
+}
+
+// sanitize keeps a hostname usable inside an id.
+func sanitize(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c <= ' ' || c > '~' || c == '#' {
+			b[i] = '_'
+		}
+	}
+	if len(b) == 0 {
+		return "worker"
+	}
+	return string(b)
+}
+
+// ECSMetadata reads the task id (the last part of the task ARN) and the task's
+// private IPv4 address from the ECS task metadata endpoint v4 at uri.
+func ECSMetadata(ctx context.Context, hc *http.Client, uri string) (taskID, ip string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(uri, "/")+"/task", nil)
+	if err != nil {
+		return "", "", fmt.Errorf("task metadata: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", "", fmt.Errorf("task metadata: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", "", fmt.Errorf("task metadata: status %d", resp.StatusCode)
+	}
+	var meta struct {
+		TaskARN    string
+		Containers []struct {
+			Networks []struct {
+				IPv4Addresses []string
+			}
+		}
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&meta); err != nil {
+		return "", "", fmt.Errorf("task metadata: %w", err)
+	}
+	if i := strings.LastIndexByte(meta.TaskARN, '/'); i >= 0 {
+		taskID = meta.TaskARN[i+1:]
+	}
+	for _, c := range meta.Containers {
+		for _, n := range c.Networks {
+			for _, a := range n.IPv4Addresses {
+				if ip == "" && a != "" {
+					ip = a
+				}
+			}
+		}
+	}
+	if taskID == "" || ip == "" {
+		return "", "", fmt.Errorf("task metadata: no task ARN or IPv4 address (ARN %q)", meta.TaskARN)
+	}
+	return taskID, ip, nil
+}

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+const secret = "0123456789abcdef0123"
+
+func getenv(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadDefaultsAndFallbacks(t *testing.T) {
+	c, err := Load(context.Background(), getenv(map[string]string{schema.EnvWakeupSecret: secret}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Lease != 60*time.Second || c.RenewInterval != 20*time.Second || c.Sink != "stdout" || c.MaxConnections != 1000 {
+		t.Fatalf("defaults %+v", c)
+	}
+	if c.AdvertiseAddr != "127.0.0.1:8080" || c.WorkerID == "" || schema.ValidateID(c.WorkerID) != nil {
+		t.Fatalf("fallbacks: id %q addr %q", c.WorkerID, c.AdvertiseAddr)
+	}
+}
+
+func TestLoadECSMetadata(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v4/abc/task" {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write([]byte(`{"TaskARN":"arn:aws:ecs:eu-west-1:123:task/fleet/0f1e2d3c","Containers":[
+			{"Networks":[{"NetworkMode":"awsvpc","IPv4Addresses":["10.0.3.7"]}]}]}`))
+	}))
+	defer srv.Close()
+	c, err := Load(context.Background(), getenv(map[string]string{
+		schema.EnvWakeupSecret: secret, EnvECSMetadata: srv.URL + "/v4/abc", schema.EnvListenAddr: ":9090",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WorkerID != "0f1e2d3c" || c.AdvertiseAddr != "10.0.3.7:9090" {
+		t.Fatalf("id %q addr %q", c.WorkerID, c.AdvertiseAddr)
+	}
+}
+
+func TestLoadErrorsNameTheVariable(t *testing.T) {
+	base := map[string]string{schema.EnvWakeupSecret: secret, schema.EnvWorkerID: "w1"}
+	cases := []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{schema.EnvLease: "ten"}, schema.EnvLease},
+		{map[string]string{schema.EnvMaxConnections: "-1"}, schema.EnvMaxConnections},
+		{map[string]string{schema.EnvMaxConnections: "x"}, schema.EnvMaxConnections},
+		{map[string]string{schema.EnvRenewDeadline: "10s"}, schema.EnvRenewDeadline},                   // not > interval 20s
+		{map[string]string{schema.EnvLease: "50s"}, schema.EnvLease},                                   // not > deadline 50s
+		{map[string]string{schema.EnvSkewMargin: "45s", schema.EnvLease: "60s"}, schema.EnvSkewMargin}, // 60-45 < 20
+		{map[string]string{schema.EnvWakeupSecret: "short"}, schema.EnvWakeupSecret},
+		{map[string]string{schema.EnvSink: "kafka://x"}, schema.EnvSink},
+		{map[string]string{schema.EnvResume: "cookie:x"}, schema.EnvResume},
+		{map[string]string{schema.EnvSeqPath: "a..b"}, schema.EnvSeqPath},
+		{map[string]string{schema.EnvBadMessages: "explode"}, schema.EnvBadMessages},
+		{map[string]string{schema.EnvWorkerID: "has#hash"}, schema.EnvWorkerID},
+		{map[string]string{schema.EnvAdvertiseAddr: "host:"}, schema.EnvAdvertiseAddr},
+		{map[string]string{schema.EnvDrainTimeout: "0s"}, schema.EnvDrainTimeout},
+	}
+	for _, tc := range cases {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range tc.set {
+			env[k] = v
+		}
+		_, err := Load(context.Background(), getenv(env))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want it to name %s", tc.set, err, tc.want)
+		}
+	}
+}
+
+func TestBareAdvertiseHostGetsListenPort(t *testing.T) {
+	c, err := Load(context.Background(), getenv(map[string]string{
+		schema.EnvWakeupSecret: secret, schema.EnvWorkerID: "w", schema.EnvAdvertiseAddr: "10.1.2.3",
+	}))
+	if err != nil || c.AdvertiseAddr != "10.1.2.3:8080" {
+		t.Fatalf("%q %v", c.AdvertiseAddr, err)
+	}
+}

@@ -1,0 +1,110 @@
+// Package metrics holds the worker's counters, renders them as plain text for
+// GET /metrics, and writes CloudWatch Embedded Metric Format (EMF) lines.
+//
+// Counters are monotonic since process start; OwnedConnections is a gauge. Nothing
+// here is exact across a crash: the numbers are for dashboards and alarms.
+package metrics
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Counters are the worker's counters. The zero value is ready to use.
+type Counters struct {
+	Owned          atomic.Int64 // gauge: leases held now
+	Acquisitions   atomic.Int64
+	RenewFailures  atomic.Int64
+	LeasesLost     atomic.Int64
+	SelfFences     atomic.Int64
+	Releases       atomic.Int64
+	Messages       atomic.Int64 // delivered to the sink and acknowledged
+	Bytes          atomic.Int64
+	Reconnects     atomic.Int64 // dials after the first of a connection's life
+	DialFailures   atomic.Int64
+	SinkErrors     atomic.Int64
+	BadMessages    atomic.Int64 // no parsable sequence, or binary where a sequence is needed
+	Duplicates     atomic.Int64 // sequence at or below the one already delivered; dropped
+	Wakeups        atomic.Int64 // authenticated wakeup requests
+	WakeupsRefused atomic.Int64 // 401/400/413/503 answers
+	RegistryErrors atomic.Int64
+}
+
+// WriteText writes the counters as "name value" lines (Prometheus text format).
+func (c *Counters) WriteText(w io.Writer) error {
+	rows := []struct {
+		name string
+		v    *atomic.Int64
+	}{
+		{"sockfleet_owned_connections", &c.Owned},
+		{"sockfleet_acquisitions_total", &c.Acquisitions},
+		{"sockfleet_renew_failures_total", &c.RenewFailures},
+		{"sockfleet_leases_lost_total", &c.LeasesLost},
+		{"sockfleet_self_fences_total", &c.SelfFences},
+		{"sockfleet_releases_total", &c.Releases},
+		{"sockfleet_messages_total", &c.Messages},
+		{"sockfleet_bytes_total", &c.Bytes},
+		{"sockfleet_reconnects_total", &c.Reconnects},
+		{"sockfleet_dial_failures_total", &c.DialFailures},
+		{"sockfleet_sink_errors_total", &c.SinkErrors},
+		{"sockfleet_bad_messages_total", &c.BadMessages},
+		{"sockfleet_duplicates_dropped_total", &c.Duplicates},
+		{"sockfleet_wakeups_total", &c.Wakeups},
+		{"sockfleet_wakeups_refused_total", &c.WakeupsRefused},
+		{"sockfleet_registry_errors_total", &c.RegistryErrors},
+	}
+	for _, r := range rows {
+		if _, err := fmt.Fprintf(w, "%s %d\n", r.name, r.v.Load()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// EMF writes CloudWatch Embedded Metric Format lines, one JSON object per line, to W
+// (stderr in production, where the log driver ships them to CloudWatch Logs).
+type EMF struct {
+	W       io.Writer
+	Service string // value of the ServiceName dimension; empty: no dimension
+	Now     func() time.Time
+
+	mu sync.Mutex // one line per Write, never interleaved
+}
+
+// Put writes one metric value with unit "Count".
+func (e *EMF) Put(name string, v int64) {
+	if e == nil || e.W == nil {
+		return
+	}
+	now := time.Now
+	if e.Now != nil {
+		now = e.Now
+	}
+	dims := [][]string{{}}
+	line := map[string]any{name: v}
+	if e.Service != "" {
+		dims = [][]string{{schema.MetricDimService}}
+		line[schema.MetricDimService] = e.Service
+	}
+	line["_aws"] = map[string]any{
+		"Timestamp": now().UnixMilli(),
+		"CloudWatchMetrics": []any{map[string]any{
+			"Namespace":  schema.MetricNamespace,
+			"Dimensions": dims,
+			"Metrics":    []any{map[string]string{"Name": name, "Unit": "Count"}},
+		}},
+	}
+	b, err := json.Marshal(line)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, _ = e.W.Write(append(b, '\n'))
+}

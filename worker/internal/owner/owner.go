@@ -1,0 +1,565 @@
+// Package owner is the worker's ownership loop: it acquires connection leases (on a
+// wakeup, or in the one start-up pass), streams each owned connection, renews every
+// lease each interval carrying the acknowledged last_seq, acts on the item each renew
+// returns, fences itself when it cannot renew, and drains on shutdown.
+//
+// Guarantees:
+//   - A connection streams only under a lease this worker acquired, and stops at once
+//     (its context is cancelled) when a renew says the lease is lost or the item is
+//     gone, STOPPED or unusable.
+//   - Self-fencing: a connection whose lease was not renewed by its local deadline —
+//     the start of its last successful renew plus min(RenewDeadline, Lease −
+//     SkewMargin), on the monotonic clock — stops streaming, even if the lease store
+//     cannot be reached at all. Since the lease in the table runs from a moment after
+//     that start, and others take it only SkewMargin after it expires on their
+//     clocks, a fenced worker has stopped before anyone else can acquire.
+//   - Every stop except "lost" and "deleted" ends with one release write that
+//     carries the final acknowledged last_seq (lease_expires_at_ms = 0).
+//   - Run joins every goroutine it started, including connection goroutines.
+//
+// Non-guarantees: delivery is at least once. Messages delivered after the last
+// successful renew's checkpoint are delivered again by the next owner if this worker
+// dies without releasing; that window is one renew interval of traffic.
+package owner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
+	"github.com/sockfleet/sockfleet/worker/internal/stream"
+)
+
+// Store is the part of the lease store the loop uses.
+type Store interface {
+	Acquire(ctx context.Context, id, worker string) (lease.Lease, error)
+	Renew(ctx context.Context, l lease.Lease, p lease.Progress) (codec.Connection, error)
+	Release(ctx context.Context, l lease.Lease, p lease.Progress) error
+}
+
+// Registry is the part of the worker registry the loop uses.
+type Registry interface {
+	Put(ctx context.Context, w codec.Worker) error
+	Delete(ctx context.Context, id string) error
+}
+
+// Stream runs one connection (see package stream).
+type Stream interface {
+	Run(ctx context.Context)
+	LastSeq() int64
+	Status() stream.Status
+	SetURL(url string)
+	URL() string
+}
+
+// Why a connection's context was cancelled.
+var (
+	errLost     = errors.New("lease lost")
+	errDeleted  = errors.New("connection deleted")
+	errFenced   = errors.New("self-fenced: lease not renewed in time")
+	errStopped  = fmt.Errorf("desired_state is not STARTED: %w", stream.ErrGraceful)
+	errInvalid  = fmt.Errorf("item unusable: %w", stream.ErrGraceful)
+	errDraining = fmt.Errorf("worker draining: %w", stream.ErrGraceful)
+)
+
+// Config configures a Manager.
+type Config struct {
+	WorkerID       string
+	Addr           string // advertised host:port of the wakeup endpoint
+	MaxConnections int
+
+	Lease         time.Duration
+	RenewInterval time.Duration
+	RenewDeadline time.Duration
+	SkewMargin    time.Duration
+	DrainTimeout  time.Duration
+
+	RenewConcurrency  int           // renews in flight at once; default 32
+	WakeupConcurrency int           // ids of one wakeup handled at once; default 16
+	ReleaseTimeout    time.Duration // one release write; default 10s, at most DrainTimeout/2
+
+	Store    Store
+	Registry Registry
+	// Candidates, if set, lists connections to try in the one start-up pass (see
+	// ScanCandidates), so a fleet that starts cold is not idle until the next event.
+	Candidates func(ctx context.Context) ([]string, error)
+	NewStream  func(id, url string, lastSeq int64) Stream
+	Metrics    *metrics.Counters
+	EMF        *metrics.EMF // may be nil
+	Log        *slog.Logger
+}
+
+// Manager owns this worker's leases.
+type Manager struct {
+	cfg   Config
+	fence time.Duration // renew deadline after a successful renew start
+
+	base       context.Context // parent of every connection's context
+	cancelBase context.CancelCauseFunc
+	wg         sync.WaitGroup // connection sessions
+
+	mu        sync.Mutex
+	conns     map[string]*owned
+	acquiring map[string]bool
+	draining  bool
+
+	started   time.Time    // monotonic base of lastRound
+	lastRound atomic.Int64 // ns after started at which a renew round last began
+	running   atomic.Bool
+}
+
+// owned is one held lease and its stream.
+type owned struct {
+	lease  lease.Lease // Version is fixed for the life of the session
+	s      Stream
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	timer  *time.Timer // self-fence
+
+	renewMu sync.Mutex    // one renew of this lease at a time (a single call, never a retry loop)
+	written stream.Status // status last folded into a write; under renewMu
+}
+
+// New checks cfg and returns a Manager.
+func New(cfg Config) (*Manager, error) {
+	if cfg.WorkerID == "" || cfg.Store == nil || cfg.Registry == nil || cfg.NewStream == nil {
+		return nil, errors.New("owner config: worker id, store, registry and stream factory are required")
+	}
+	if cfg.MaxConnections <= 0 {
+		return nil, fmt.Errorf("owner config: max connections %d must be positive", cfg.MaxConnections)
+	}
+	if !(cfg.Lease > cfg.RenewDeadline && cfg.RenewDeadline > cfg.RenewInterval && cfg.RenewInterval > 0) {
+		return nil, fmt.Errorf("owner config: want lease %s > renew deadline %s > renew interval %s > 0",
+			cfg.Lease, cfg.RenewDeadline, cfg.RenewInterval)
+	}
+	if cfg.SkewMargin < 0 || cfg.SkewMargin >= cfg.Lease {
+		return nil, fmt.Errorf("owner config: skew margin %s must be in [0, lease %s)", cfg.SkewMargin, cfg.Lease)
+	}
+	if cfg.DrainTimeout <= 0 {
+		return nil, fmt.Errorf("owner config: drain timeout %s must be positive", cfg.DrainTimeout)
+	}
+	if cfg.RenewConcurrency <= 0 {
+		cfg.RenewConcurrency = 32
+	}
+	if cfg.WakeupConcurrency <= 0 {
+		cfg.WakeupConcurrency = 16
+	}
+	if cfg.ReleaseTimeout <= 0 {
+		cfg.ReleaseTimeout = min(10*time.Second, cfg.DrainTimeout/2)
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = new(metrics.Counters)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	m := &Manager{
+		cfg:       cfg,
+		fence:     FenceAfter(cfg.Lease, cfg.RenewDeadline, cfg.SkewMargin),
+		conns:     map[string]*owned{},
+		acquiring: map[string]bool{},
+		started:   time.Now(),
+	}
+	m.base, m.cancelBase = context.WithCancelCause(context.Background())
+	return m, nil
+}
+
+// FenceAfter is how long after the start of a successful renew (or acquire) a lease
+// may go unrenewed before its connection must stop: the renew deadline, and never
+// later than the lease less the skew margin.
+func FenceAfter(leaseDur, renewDeadline, margin time.Duration) time.Duration {
+	return min(renewDeadline, leaseDur-margin)
+}
+
+// Owned returns the ids this worker holds now.
+func (m *Manager) Owned() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]string, 0, len(m.conns))
+	for id := range m.conns {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Draining reports whether the worker is draining (it refuses wakeups).
+func (m *Manager) Draining() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.draining
+}
+
+// Healthy returns an error when the renew loop has stalled: no round began within
+// three intervals plus the time one round may take.
+func (m *Manager) Healthy() error {
+	if !m.running.Load() {
+		return nil // starting up, or drained
+	}
+	since := time.Since(m.started) - time.Duration(m.lastRound.Load())
+	if limit := 3*m.cfg.RenewInterval + m.cfg.RenewDeadline; since > limit {
+		return fmt.Errorf("renew loop stalled: last round began %s ago (limit %s)", since.Round(time.Millisecond), limit)
+	}
+	return nil
+}
+
+// Run registers the worker, renews every interval until ctx is cancelled, then
+// drains: it marks the worker draining, stops every connection, releases each lease
+// with its final checkpoint, and deletes the registry item, all within DrainTimeout.
+// It returns after every goroutine it started has exited.
+func (m *Manager) Run(ctx context.Context) error {
+	m.lastRound.Store(int64(time.Since(m.started)))
+	m.running.Store(true)
+	m.refreshRegistry(ctx)
+	var startup sync.WaitGroup
+	defer startup.Wait()
+	if m.cfg.Candidates != nil {
+		// Concurrent with the loop: leases taken early in a long pass must be renewed.
+		startup.Go(func() { m.startup(ctx) })
+	}
+	t := time.NewTicker(m.cfg.RenewInterval)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			m.tick(ctx)
+		}
+	}
+	startup.Wait() // acquisitions after this point would miss the drain
+	return m.drain()
+}
+
+// tick is one renew round plus the registry refresh and the owned-count metric.
+func (m *Manager) tick(ctx context.Context) {
+	m.lastRound.Store(int64(time.Since(m.started)))
+	m.renewAll(ctx)
+	m.refreshRegistry(ctx)
+	m.cfg.EMF.Put(schema.MetricOwned, m.cfg.Metrics.Owned.Load())
+}
+
+// renewAll renews every owned lease, RenewConcurrency at a time. A lease whose
+// previous renew is still in flight is skipped this round.
+func (m *Manager) renewAll(ctx context.Context) {
+	m.mu.Lock()
+	list := make([]*owned, 0, len(m.conns))
+	for _, o := range m.conns {
+		list = append(list, o)
+	}
+	m.mu.Unlock()
+	sem := make(chan struct{}, m.cfg.RenewConcurrency)
+	var wg sync.WaitGroup
+	for _, o := range list {
+		if !o.renewMu.TryLock() {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			o.renewMu.Unlock()
+			wg.Wait()
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			defer o.renewMu.Unlock()
+			m.renew(ctx, o)
+		})
+	}
+	wg.Wait()
+}
+
+// renew renews o once (with o.renewMu held) and acts on the returned item. It
+// returns the store's error.
+func (m *Manager) renew(ctx context.Context, o *owned) error {
+	if o.ctx.Err() != nil {
+		return nil // stopping; its session releases it
+	}
+	start := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
+	defer cancel()
+	p := lease.Progress{LastSeq: o.s.LastSeq()}
+	st := o.s.Status()
+	if st != o.written {
+		p.Status, p.Error = st.State, st.Error
+	}
+	c, err := m.cfg.Store.Renew(rctx, o.lease, p)
+	switch {
+	case err == nil:
+		o.written = st
+		o.timer.Reset(time.Until(start.Add(m.fence))) // no effect once fenced: the context stays cancelled
+		m.act(o, c)
+	case errors.Is(err, lease.ErrLost):
+		if o.ctx.Err() == nil { // else: our own release won the race with this renew
+			m.cfg.Metrics.LeasesLost.Add(1)
+			m.cfg.Log.Warn("lease lost; stopping", "conn", o.lease.ID, "err", err)
+		}
+		o.cancel(errLost)
+	case errors.Is(err, lease.ErrNotFound):
+		m.cfg.Log.Info("connection deleted; stopping", "conn", o.lease.ID)
+		o.cancel(errDeleted)
+	default:
+		m.cfg.Metrics.RenewFailures.Add(1)
+		m.cfg.EMF.Put(schema.MetricRenewFailures, 1)
+		m.cfg.Log.Warn("renew failed", "conn", o.lease.ID, "err", err)
+	}
+	if err == nil {
+		m.cfg.Log.Debug("renewed", "conn", o.lease.ID, "last_seq", p.LastSeq)
+	}
+	return err
+}
+
+// act applies what a renew returned: stop, or follow a new URL.
+func (m *Manager) act(o *owned, c codec.Connection) {
+	switch {
+	case c.DesiredState != schema.Started:
+		// An operator's invalid value decodes as "": that means stop too.
+		m.cfg.Log.Info("desired_state changed; stopping", "conn", o.lease.ID, "desired_state", c.DesiredState)
+		o.cancel(errStopped)
+	case schema.ValidateURL(c.WSURL) != nil:
+		m.cfg.Log.Warn("ws_url unusable; stopping", "conn", o.lease.ID, "err", schema.ValidateURL(c.WSURL))
+		o.cancel(errInvalid)
+	case c.WSURL != o.s.URL():
+		m.cfg.Log.Info("ws_url changed; reconnecting", "conn", o.lease.ID)
+		o.s.SetURL(c.WSURL)
+	}
+}
+
+// fenced is the self-fence timer's action: it only cancels the connection's context;
+// the connection's session goroutine does the rest.
+func (m *Manager) fenced(o *owned) {
+	if o.ctx.Err() != nil {
+		return
+	}
+	m.cfg.Metrics.SelfFences.Add(1)
+	m.cfg.EMF.Put(schema.MetricSelfFences, 1)
+	m.cfg.Log.Error("lease not renewed in time; self-fencing", "conn", o.lease.ID, "after", m.fence)
+	o.cancel(errFenced)
+}
+
+// start begins streaming l, whose acquire began at t0. Call with m.mu held.
+func (m *Manager) start(l lease.Lease, t0 time.Time) {
+	ctx, cancel := context.WithCancelCause(m.base)
+	o := &owned{lease: l, s: m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq), ctx: ctx, cancel: cancel}
+	o.written = o.s.Status()
+	o.timer = time.AfterFunc(time.Until(t0.Add(m.fence)), func() { m.fenced(o) })
+	m.conns[l.ID] = o
+	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
+	m.wg.Go(func() { m.session(o) })
+}
+
+// session runs o's stream until its context is cancelled, then gives the lease back
+// unless it is no longer ours.
+func (m *Manager) session(o *owned) {
+	o.s.Run(o.ctx)
+	o.timer.Stop()
+	cause := context.Cause(o.ctx)
+	m.mu.Lock()
+	delete(m.conns, o.lease.ID)
+	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
+	m.mu.Unlock()
+	if errors.Is(cause, errLost) || errors.Is(cause, errDeleted) {
+		return
+	}
+	status := map[error]string{errStopped: "stopped", errInvalid: "invalid", errFenced: "fenced"}[cause]
+	m.release(o.lease, lease.Progress{LastSeq: o.s.LastSeq(), Status: status, Error: errText(cause, status)})
+}
+
+func errText(cause error, status string) string {
+	if status == "fenced" || status == "invalid" {
+		return cause.Error()
+	}
+	return ""
+}
+
+// release writes l's release on a fresh, bounded context: the cancelled one that
+// brought us here must not cut the last write short.
+func (m *Manager) release(l lease.Lease, p lease.Progress) {
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
+	defer cancel()
+	if err := m.cfg.Store.Release(ctx, l, p); err != nil {
+		m.cfg.Log.Warn("release failed; the lease will expire or be released by the reconciler",
+			"conn", l.ID, "last_seq", p.LastSeq, "err", err)
+		return
+	}
+	m.cfg.Metrics.Releases.Add(1)
+	m.cfg.Log.Info("released", "conn", l.ID, "last_seq", p.LastSeq, "status", p.Status)
+}
+
+// drain stops everything and leaves: see Run.
+func (m *Manager) drain() error {
+	// Refuse wakeups first, then tell the reconciler: a wakeup taken in between would
+	// only be released again at once.
+	m.mu.Lock()
+	m.draining = true
+	list := make([]*owned, 0, len(m.conns))
+	for _, o := range m.conns {
+		list = append(list, o)
+	}
+	m.mu.Unlock()
+	deadline := time.Now().Add(m.cfg.DrainTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	// Bounded well inside the drain: an unreachable table must not eat the time the
+	// connections need to stop.
+	rctx, rcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
+	m.putRegistry(rctx, true)
+	rcancel()
+	m.cfg.Log.Info("draining", "connections", len(list), "timeout", m.cfg.DrainTimeout)
+	for _, o := range list {
+		o.cancel(errDraining)
+	}
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("drain: connections still stopping after %s", m.cfg.DrainTimeout)
+		m.cfg.Log.Error("drain timeout; waiting for the bounded sink and release writes", "err", err)
+		<-done // each session's remaining writes are bounded by their own timeouts
+	}
+	m.cancelBase(errDraining)
+	m.running.Store(false)
+	dctx, dcancel := context.WithTimeout(context.Background(), max(time.Until(deadline), 2*time.Second))
+	defer dcancel()
+	if derr := m.cfg.Registry.Delete(dctx, m.cfg.WorkerID); derr != nil {
+		m.cfg.Metrics.RegistryErrors.Add(1)
+		err = errors.Join(err, derr)
+	}
+	m.cfg.Log.Info("drained", "err", err)
+	return err
+}
+
+func (m *Manager) refreshRegistry(ctx context.Context) {
+	m.mu.Lock()
+	draining := m.draining
+	m.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
+	defer cancel()
+	m.putRegistry(rctx, draining)
+}
+
+func (m *Manager) putRegistry(ctx context.Context, draining bool) {
+	m.mu.Lock()
+	load := len(m.conns) + len(m.acquiring)
+	m.mu.Unlock()
+	w := codec.Worker{
+		ID: m.cfg.WorkerID, Addr: m.cfg.Addr, Capacity: m.cfg.MaxConnections, Load: load,
+		Draining: draining, HeartbeatExpiresAtMs: time.Now().Add(m.cfg.Lease).UnixMilli(),
+	}
+	if err := m.cfg.Registry.Put(ctx, w); err != nil {
+		m.cfg.Metrics.RegistryErrors.Add(1)
+		m.cfg.Log.Warn("registry refresh failed", "err", err)
+	}
+}
+
+// Acquire tries to take connection id and start streaming it.
+func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
+	m.mu.Lock()
+	switch {
+	case m.draining:
+		m.mu.Unlock()
+		return wakeup.Draining, ""
+	case m.conns[id] != nil || m.acquiring[id]:
+		m.mu.Unlock()
+		return wakeup.AlreadyOwned, ""
+	case len(m.conns)+len(m.acquiring) >= m.cfg.MaxConnections:
+		m.mu.Unlock()
+		return wakeup.NoCapacity, ""
+	}
+	m.acquiring[id] = true
+	m.mu.Unlock()
+
+	t0 := time.Now()
+	l, err := m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
+
+	m.mu.Lock()
+	delete(m.acquiring, id)
+	if err == nil && m.draining {
+		m.mu.Unlock()
+		m.release(l, lease.Progress{LastSeq: l.LastSeq})
+		return wakeup.Draining, ""
+	}
+	if err == nil {
+		m.start(l, t0)
+	}
+	m.mu.Unlock()
+	switch {
+	case err == nil:
+		m.cfg.Metrics.Acquisitions.Add(1)
+		m.cfg.Log.Info("acquired", "conn", id, "version", l.Version, "last_seq", l.LastSeq)
+		return wakeup.Acquired, ""
+	case errors.Is(err, lease.ErrHeld):
+		return wakeup.LostRace, err.Error()
+	case errors.Is(err, lease.ErrNotStarted), errors.Is(err, lease.ErrNotFound), errors.Is(err, lease.ErrInvalid):
+		return wakeup.NotStartable, err.Error()
+	default:
+		m.cfg.Log.Warn("acquire failed", "conn", id, "err", err)
+		return wakeup.Failed, err.Error()
+	}
+}
+
+// Check re-reads an owned connection by renewing it now, and acts on the result.
+func (m *Manager) check(ctx context.Context, o *owned) (wakeup.Result, string) {
+	o.renewMu.Lock()
+	err := m.renew(ctx, o)
+	o.renewMu.Unlock()
+	if err != nil && !errors.Is(err, lease.ErrLost) && !errors.Is(err, lease.ErrNotFound) {
+		return wakeup.Failed, err.Error()
+	}
+	switch cause := context.Cause(o.ctx); {
+	case o.ctx.Err() == nil:
+		return wakeup.AlreadyOwned, ""
+	case errors.Is(cause, errLost):
+		return wakeup.LostRace, cause.Error()
+	default:
+		return wakeup.NotStartable, cause.Error()
+	}
+}
+
+// Wake answers a wakeup: for each id, acquire it (NeedsOwner) or re-check it (Check).
+// Ids are handled WakeupConcurrency at a time; results keep the request's order.
+func (m *Manager) Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnResult {
+	out := make([]wakeup.ConnResult, len(conns))
+	sem := make(chan struct{}, m.cfg.WakeupConcurrency)
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, detail := m.wakeOne(ctx, c)
+			out[i] = wakeup.ConnResult{ID: c.ID, Result: r, Detail: detail}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn) (wakeup.Result, string) {
+	m.mu.Lock()
+	o, draining := m.conns[c.ID], m.draining
+	m.mu.Unlock()
+	switch {
+	case draining:
+		return wakeup.Draining, ""
+	case o != nil && c.LeaseVersion < o.lease.Version:
+		return wakeup.Stale, fmt.Sprintf("held at version %d", o.lease.Version)
+	case o != nil && (c.Reason == wakeup.Check || c.LeaseVersion > o.lease.Version):
+		// A newer version than ours means someone acquired after us: find out now.
+		return m.check(ctx, o)
+	case o != nil:
+		return wakeup.AlreadyOwned, ""
+	case c.Reason == wakeup.Check:
+		return wakeup.LostRace, "not held by this worker"
+	}
+	return m.Acquire(ctx, c.ID)
+}

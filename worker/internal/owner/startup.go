@@ -1,0 +1,103 @@
+package owner
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+)
+
+// Scanner is the one SDK call the start-up pass makes. It only finds candidates:
+// every acquisition still goes through the lease store's conditional write.
+type Scanner interface {
+	Scan(context.Context, *dynamodb.ScanInput, ...func(*dynamodb.Options)) (*dynamodb.ScanOutput, error)
+}
+
+// ScanCandidates lists STARTED connections that are unowned, released, or expired
+// more than margin before now, stopping once it has limit of them.
+//
+// It is a paginated Scan with a filter, which reads the whole table: acceptable
+// because it runs once per worker start, never periodically (events drive everything
+// after that), and no index keyed on lease expiry exists to query instead — such an
+// index would cost two extra writes per heartbeat (see DESIGN.md).
+func ScanCandidates(ctx context.Context, db Scanner, table string, now time.Time, margin time.Duration, limit int) ([]string, error) {
+	var ids []string
+	var start map[string]types.AttributeValue
+	for {
+		out, err := db.Scan(ctx, &dynamodb.ScanInput{
+			TableName:            &table,
+			ProjectionExpression: aws.String("#pk"),
+			FilterExpression: aws.String("begins_with(#pk, :conn) AND #d = :started AND " +
+				"(attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero OR #e < :stale)"),
+			ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK, "#d": schema.AttrDesiredState,
+				"#o": schema.AttrLeaseOwner, "#e": schema.AttrLeaseExpires},
+			ExpressionAttributeValues: map[string]types.AttributeValue{
+				":conn": codec.S(schema.ConnPrefix), ":started": codec.S(string(schema.Started)),
+				":zero": codec.N(0), ":stale": codec.N(now.Add(-margin).UnixMilli()),
+			},
+			ExclusiveStartKey: start,
+		})
+		if err != nil {
+			return ids, fmt.Errorf("start-up scan: %w", err)
+		}
+		for _, it := range out.Items {
+			if pk, ok := it[schema.AttrPK].(*types.AttributeValueMemberS); ok {
+				if id, ok := schema.ConnID(pk.Value); ok && schema.ValidateID(id) == nil {
+					ids = append(ids, id)
+				}
+			}
+		}
+		if len(out.LastEvaluatedKey) == 0 || len(ids) >= limit {
+			return ids, nil
+		}
+		start = out.LastEvaluatedKey
+	}
+}
+
+// startup is the one start-up pass: acquire candidates, in random order so workers
+// starting together do not all race for the same items, until capacity is reached.
+func (m *Manager) startup(ctx context.Context) {
+	ids, err := m.cfg.Candidates(ctx)
+	if err != nil {
+		m.cfg.Log.Warn("start-up pass: listing candidates failed; waiting for wakeups", "err", err)
+	}
+	rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+	var (
+		mu       sync.Mutex
+		acquired int
+		full     bool
+		wg       sync.WaitGroup
+	)
+	sem := make(chan struct{}, m.cfg.WakeupConcurrency)
+	for _, id := range ids {
+		mu.Lock()
+		stop := full
+		mu.Unlock()
+		if stop || ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, _ := m.Acquire(ctx, id)
+			mu.Lock()
+			defer mu.Unlock()
+			switch r {
+			case wakeup.Acquired:
+				acquired++
+			case wakeup.NoCapacity, wakeup.Draining:
+				full = true
+			}
+		})
+	}
+	wg.Wait()
+	m.cfg.Log.Info("start-up pass done", "candidates", len(ids), "acquired", acquired)
+}

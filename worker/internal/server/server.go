@@ -1,0 +1,127 @@
+// Package server is the worker's HTTP listener: POST /v1/wakeup (the only way the
+// reconciler reaches a worker), GET /healthz and GET /metrics.
+//
+// A wakeup is authenticated before anything else is looked at: the body (at most
+// wakeup.MaxBody bytes) must carry a valid HMAC-SHA256 signature over its timestamp,
+// the timestamp must be within ±wakeup.Window, and the signature must not have been
+// seen before. A request refused with 401, 400, 405, 413 or 503 changes no state.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
+)
+
+// Owner is what the listener needs from the ownership loop.
+type Owner interface {
+	Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnResult
+	Draining() bool
+	Healthy() error
+}
+
+// Server serves the worker's endpoints.
+type Server struct {
+	Secret  []byte
+	Owner   Owner
+	Metrics *metrics.Counters
+	Replay  *wakeup.Replay   // default: a fresh cache
+	Now     func() time.Time // default time.Now
+	Log     *slog.Logger
+}
+
+// Handler returns the routes.
+func (s *Server) Handler() http.Handler {
+	if s.Replay == nil {
+		s.Replay = &wakeup.Replay{}
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Log == nil {
+		s.Log = slog.New(slog.DiscardHandler)
+	}
+	if s.Metrics == nil {
+		s.Metrics = new(metrics.Counters)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+wakeup.Path, s.wakeup)
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		_ = s.Metrics.WriteText(w)
+	})
+	return mux
+}
+
+func (s *Server) refuse(w http.ResponseWriter, code int, msg string, err error) {
+	s.Metrics.WakeupsRefused.Add(1)
+	s.Log.Warn("wakeup refused", "status", code, "err", err)
+	http.Error(w, msg, code)
+}
+
+func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wakeup.MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.refuse(w, http.StatusRequestEntityTooLarge, "body too large", err)
+			return
+		}
+		s.refuse(w, http.StatusBadRequest, "cannot read body", err)
+		return
+	}
+	now := s.Now()
+	sig := r.Header.Get(wakeup.HeaderSignature)
+	if err := wakeup.Verify(s.Secret, now, r.Header.Get(wakeup.HeaderTimestamp), sig, body); err != nil {
+		s.refuse(w, http.StatusUnauthorized, "unauthorized", err) // no detail for an unauthenticated caller
+		return
+	}
+	if s.Replay.Seen(sig, now) {
+		s.refuse(w, http.StatusUnauthorized, "unauthorized", errors.New("replayed signature"))
+		return
+	}
+	req, err := wakeup.DecodeRequest(body)
+	if err != nil {
+		s.refuse(w, http.StatusBadRequest, err.Error(), err)
+		return
+	}
+	if s.Owner.Draining() {
+		resp := wakeup.Response{V: wakeup.Version}
+		for _, c := range req.Conns {
+			resp.Results = append(resp.Results, wakeup.ConnResult{ID: c.ID, Result: wakeup.Draining})
+		}
+		s.Metrics.WakeupsRefused.Add(1)
+		writeJSON(w, http.StatusServiceUnavailable, resp)
+		return
+	}
+	s.Metrics.Wakeups.Add(1)
+	resp := wakeup.Response{V: wakeup.Version, Results: s.Owner.Wake(r.Context(), req.Conns)}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	if err := s.Owner.Healthy(); err != nil {
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(b)
+}

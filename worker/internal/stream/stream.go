@@ -1,0 +1,452 @@
+// Package stream runs one upstream WebSocket connection: dial resuming after the last
+// acknowledged sequence, read, hand messages to the sink, and reconnect with
+// exponential backoff and jitter when the upstream refuses or drops it.
+//
+// Guarantees: one reader and one writer goroutine per socket, with ping/pong
+// deadlines, a read limit and a handshake timeout; LastSeq only moves after the sink
+// acknowledged; Run returns only after every goroutine it started has exited. A
+// malformed frame is counted and handled by the BadPolicy; it never stops the stream.
+//
+// Non-guarantee: this package knows nothing of leases. Its caller (the ownership
+// loop) cancels Run's context when the lease is lost, fenced, stopped or drained.
+package stream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
+)
+
+// ErrGraceful marks a cancellation cause after which messages already read are still
+// delivered (stop, drain). Any other cause (lost lease, self-fence) drops them: the
+// connection is no longer ours to deliver.
+var ErrGraceful = errors.New("graceful stop")
+
+// Config holds the settings shared by every stream of a worker.
+type Config struct {
+	Resume      Resume
+	SeqPath     SeqPath
+	BadMessages BadPolicy
+
+	HandshakeTimeout time.Duration // default 10s
+	PongWait         time.Duration // a socket silent this long (no data, no pong) is dead; default 60s
+	PingPeriod       time.Duration // must be < PongWait; default PongWait*9/10
+	WriteWait        time.Duration // default 10s
+	ReadLimit        int64         // bytes per message; default 1 MiB
+	BatchSize        int           // most messages per sink write; default 256
+	SinkTimeout      time.Duration // one sink write; default 10s
+
+	BackoffMin time.Duration // default 500ms
+	BackoffMax time.Duration // default 30s
+	// PermanentBackoffMax caps the backoff after a permanent failure (a 4xx handshake,
+	// close code 1008): such an upstream is retried rarely, never hammered. Default 5m.
+	PermanentBackoffMax time.Duration
+	// StableAfter: a session that lasted this long resets the backoff. Default 30s.
+	StableAfter time.Duration
+	// Jitter returns a value in [0, 1). Default math/rand/v2; inject a seeded source
+	// to replay a run.
+	Jitter func() float64
+
+	Sink    sink.Sink
+	Metrics *metrics.Counters
+	Log     *slog.Logger
+	Dialer  *websocket.Dialer // default: built from the settings above
+}
+
+// Fill sets defaults and checks the settings.
+func (c *Config) Fill() error {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.HandshakeTimeout, 10*time.Second)
+	def(&c.PongWait, 60*time.Second)
+	def(&c.PingPeriod, c.PongWait*9/10)
+	def(&c.WriteWait, 10*time.Second)
+	def(&c.SinkTimeout, 10*time.Second)
+	def(&c.BackoffMin, 500*time.Millisecond)
+	def(&c.BackoffMax, 30*time.Second)
+	def(&c.PermanentBackoffMax, 5*time.Minute)
+	def(&c.StableAfter, 30*time.Second)
+	if c.ReadLimit == 0 {
+		c.ReadLimit = 1 << 20
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 256
+	}
+	if c.BadMessages == "" {
+		c.BadMessages = BadCount
+	}
+	if c.Resume.Kind == "" {
+		c.Resume, _ = ParseResume(DefaultResume)
+	}
+	if c.Jitter == nil {
+		c.Jitter = rand.Float64
+	}
+	if c.Metrics == nil {
+		c.Metrics = new(metrics.Counters)
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+	if c.Sink == nil {
+		return errors.New("stream config: no sink")
+	}
+	if c.PingPeriod >= c.PongWait {
+		return fmt.Errorf("stream config: ping period %s must be less than pong wait %s", c.PingPeriod, c.PongWait)
+	}
+	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin || c.PermanentBackoffMax < c.BackoffMax {
+		return fmt.Errorf("stream config: want 0 < backoff min %s <= max %s <= permanent max %s",
+			c.BackoffMin, c.BackoffMax, c.PermanentBackoffMax)
+	}
+	if c.Dialer == nil {
+		c.Dialer = &websocket.Dialer{
+			HandshakeTimeout: c.HandshakeTimeout,
+			Proxy:            http.ProxyFromEnvironment,
+			ReadBufferSize:   4096,
+			// Idle sockets hold no write buffer: it is taken from the pool per message.
+			WriteBufferPool: &sync.Pool{},
+		}
+	}
+	return nil
+}
+
+// Backoff returns the wait before attempt n (0-based) of a run of failures: an
+// exponential step from min capped at cap, with "equal jitter" (half fixed, half
+// random) so a fleet that lost an upstream at once does not come back at once.
+func Backoff(n int, min, cap time.Duration, jitter float64) time.Duration {
+	d := min
+	for i := 0; i < n && d < cap; i++ {
+		d *= 2
+	}
+	d = min2(d, cap)
+	return d/2 + time.Duration(jitter*float64(d/2))
+}
+
+func min2(a, b time.Duration) time.Duration {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+// Status is a stream's observed state, folded into lease writes.
+type Status struct {
+	State string // connecting, streaming, backoff
+	Error string
+}
+
+// Stream is one connection's runner. Create it with New, run it with Run.
+type Stream struct {
+	id  string
+	cfg *Config
+
+	acked  atomic.Int64 // last sequence the sink acknowledged
+	url    atomic.Pointer[string]
+	status atomic.Pointer[Status]
+	redial chan struct{} // the URL changed: drop the socket and dial the new one now
+}
+
+// New returns a stream for connection id, resuming after lastSeq.
+func New(cfg *Config, id, rawURL string, lastSeq int64) *Stream {
+	s := &Stream{id: id, cfg: cfg, redial: make(chan struct{}, 1)}
+	s.acked.Store(lastSeq)
+	s.url.Store(&rawURL)
+	s.status.Store(&Status{State: "connecting"})
+	return s
+}
+
+// LastSeq is the last sequence the sink acknowledged.
+func (s *Stream) LastSeq() int64 { return s.acked.Load() }
+
+// Status returns the current status.
+func (s *Stream) Status() Status { return *s.status.Load() }
+
+// URL returns the URL the stream dials.
+func (s *Stream) URL() string { return *s.url.Load() }
+
+// SetURL switches the stream to a new upstream URL: the socket is closed and the new
+// URL dialed at once, resuming after LastSeq.
+func (s *Stream) SetURL(u string) {
+	if old := s.url.Swap(&u); *old == u {
+		return
+	}
+	select {
+	case s.redial <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) setStatus(state string, err error) {
+	st := Status{State: state}
+	if err != nil {
+		st.Error = err.Error()
+		if len(st.Error) > 300 {
+			st.Error = st.Error[:300]
+		}
+	}
+	s.status.Store(&st)
+}
+
+// Run dials and streams until ctx is cancelled, reconnecting with backoff. When it
+// returns, every message it acknowledged is reflected in LastSeq and all its
+// goroutines have exited.
+func (s *Stream) Run(ctx context.Context) {
+	failures := 0
+	for dials := 0; ; dials++ {
+		if ctx.Err() != nil {
+			return
+		}
+		if dials > 0 {
+			s.cfg.Metrics.Reconnects.Add(1)
+		}
+		s.setStatus("connecting", nil)
+		start := time.Now()
+		err := s.session(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errRedial) {
+			failures = 0
+			continue
+		}
+		if time.Since(start) >= s.cfg.StableAfter {
+			failures = 0
+		}
+		cap := s.cfg.BackoffMax
+		var perm *permanentError
+		if errors.As(err, &perm) {
+			cap = s.cfg.PermanentBackoffMax
+		}
+		wait := Backoff(failures, s.cfg.BackoffMin, cap, s.cfg.Jitter())
+		failures++
+		s.setStatus("backoff", err)
+		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "err", err, "wait", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-s.redial:
+			t.Stop()
+			failures = 0
+		case <-t.C:
+		}
+	}
+}
+
+var errRedial = errors.New("upstream URL changed")
+
+// permanentError is a failure retrying soon cannot fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// session runs one socket: dial, then read and deliver until it fails or ctx ends.
+func (s *Stream) session(ctx context.Context) error {
+	from := s.acked.Load()
+	target, hdr, err := s.cfg.Resume.Apply(s.URL(), from)
+	if err != nil {
+		return &permanentError{err}
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
+	conn, resp, err := s.cfg.Dialer.DialContext(dctx, target, hdr)
+	cancel()
+	if err != nil {
+		s.cfg.Metrics.DialFailures.Add(1)
+		if resp != nil {
+			err = fmt.Errorf("dial: handshake status %d: %w", resp.StatusCode, err)
+			if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout &&
+				resp.StatusCode != http.StatusTooManyRequests {
+				return &permanentError{err}
+			}
+			return err
+		}
+		return fmt.Errorf("dial: %w", err)
+	}
+	s.setStatus("streaming", nil)
+	s.cfg.Log.Debug("upstream connected", "conn", s.id, "from", from)
+
+	msgs := make(chan sink.Message, s.cfg.BatchSize)
+	readErr := make(chan error, 1)
+	done := make(chan struct{}) // closed to stop the writer
+	var wg sync.WaitGroup
+	wg.Go(func() { readErr <- s.read(conn, from, msgs, done) })
+	wg.Go(func() { s.write(conn, done) })
+
+	err = s.deliver(ctx, msgs, readErr)
+	// Stop reading: the close frame goes out through the writer, then the socket is
+	// closed, which unblocks the reader. Frames still in flight are dropped: the next
+	// owner (or the next session) resumes after LastSeq.
+	close(done)
+	conn.Close()
+	wg.Wait()
+	if ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful) {
+		s.flushQueued(ctx, msgs)
+	}
+	return err
+}
+
+// deliver hands messages to the sink in batches until the reader fails, the URL
+// changes or ctx ends.
+func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr chan error) error {
+	batch := make([]sink.Message, 0, s.cfg.BatchSize)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.redial:
+			return errRedial
+		case err := <-readErr:
+			// Deliver what the reader queued before it failed.
+			for len(msgs) > 0 {
+				batch = s.fill(batch[:0], <-msgs, msgs)
+				if werr := s.sinkWrite(ctx, batch); werr != nil {
+					return werr
+				}
+			}
+			return err
+		case m := <-msgs:
+			batch = s.fill(batch[:0], m, msgs)
+			if err := s.sinkWrite(ctx, batch); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// fill appends m and whatever else is queued, up to the batch size.
+func (s *Stream) fill(batch []sink.Message, m sink.Message, msgs chan sink.Message) []sink.Message {
+	batch = append(batch, m)
+	for len(batch) < s.cfg.BatchSize {
+		select {
+		case m := <-msgs:
+			batch = append(batch, m)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// flushQueued delivers messages read before a graceful stop.
+func (s *Stream) flushQueued(ctx context.Context, msgs chan sink.Message) {
+	batch := make([]sink.Message, 0, len(msgs))
+	for len(msgs) > 0 {
+		batch = append(batch, <-msgs)
+	}
+	if len(batch) > 0 {
+		_ = s.sinkWrite(ctx, batch)
+	}
+}
+
+// sinkWrite writes batch on a context that survives ctx's cancellation (bounded by
+// SinkTimeout), so a write in flight at a stop completes and is acknowledged.
+func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SinkTimeout)
+	defer cancel()
+	if err := s.cfg.Sink.Write(wctx, batch); err != nil {
+		s.cfg.Metrics.SinkErrors.Add(1)
+		return fmt.Errorf("sink: %w", err)
+	}
+	var n int64
+	last := s.acked.Load()
+	for _, m := range batch {
+		n += int64(len(m.Data))
+		if !m.Bad && m.Seq > last {
+			last = m.Seq
+		}
+	}
+	s.acked.Store(last)
+	s.cfg.Metrics.Messages.Add(int64(len(batch)))
+	s.cfg.Metrics.Bytes.Add(n)
+	return nil
+}
+
+// read is the socket's only reader. It parses sequences and queues messages; it
+// returns when the socket fails or is closed.
+func (s *Stream) read(conn *websocket.Conn, from int64, msgs chan<- sink.Message, done <-chan struct{}) error {
+	conn.SetReadLimit(s.cfg.ReadLimit)
+	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
+	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait)) })
+	last := from // last sequence queued
+	loggedBad := false
+	for {
+		kind, data, err := conn.ReadMessage()
+		if err != nil {
+			if websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
+				return &permanentError{fmt.Errorf("read: %w", err)}
+			}
+			return fmt.Errorf("read: %w", err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
+		m := sink.Message{Conn: s.id, Data: data, Binary: kind == websocket.BinaryMessage}
+		if s.cfg.SeqPath.Counter() {
+			last++
+			m.Seq = last
+		} else {
+			seq, ok := int64(0), false
+			if !m.Binary {
+				seq, ok = s.cfg.SeqPath.Extract(data)
+			}
+			switch {
+			case !ok:
+				s.cfg.Metrics.BadMessages.Add(1)
+				switch s.cfg.BadMessages {
+				case BadPass:
+					m.Seq, m.Bad = last, true
+				case BadCount:
+					if !loggedBad {
+						loggedBad = true
+						s.cfg.Log.Warn("message without a parsable sequence dropped (logged once per session)",
+							"conn", s.id, "bytes", len(data), "binary", m.Binary)
+					}
+					continue
+				default:
+					continue
+				}
+			case seq <= last:
+				s.cfg.Metrics.Duplicates.Add(1) // replayed by the upstream: delivered already
+				continue
+			default:
+				m.Seq, last = seq, seq
+			}
+		}
+		select {
+		case msgs <- m:
+		case <-done:
+			return nil
+		}
+	}
+}
+
+// write is the socket's only writer: pings, and the close frame at the end.
+func (s *Stream) write(conn *websocket.Conn, done <-chan struct{}) {
+	t := time.NewTicker(s.cfg.PingPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			_ = conn.WriteControl(websocket.CloseMessage,
+				websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			return
+		case <-t.C:
+			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.cfg.WriteWait)); err != nil {
+				conn.Close() // unblocks the reader, which reports the failure
+				return
+			}
+		}
+	}
+}

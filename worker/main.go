@@ -1,0 +1,86 @@
+// Command worker owns upstream WebSocket connections through DynamoDB leases. It is
+// configured by environment variables (see shared/schema/env.go); `worker healthcheck`
+// probes a running worker's /healthz and exits 0 or 1, for the container health
+// check of a distroless image.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/sockfleet/sockfleet/shared/ddb"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/app"
+	"github.com/sockfleet/sockfleet/worker/internal/config"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		os.Exit(healthcheck(os.Getenv(schema.EnvListenAddr)))
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(os.Getenv(schema.EnvLogLevel))}))
+	if err := run(log); err != nil {
+		log.Error("worker failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	cfg, err := config.Load(ctx, os.Getenv)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	awsCfg, err := ddb.LoadConfig(ctx)
+	if err != nil {
+		return err
+	}
+	a, err := app.New(cfg, app.Deps{
+		DB:     dynamodb.NewFromConfig(awsCfg),
+		Stdout: os.Stdout,
+		Stderr: os.Stderr,
+		Log:    log,
+	})
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+// healthcheck GETs /healthz on the local listener and returns the exit code.
+func healthcheck(listen string) int {
+	port := strconv.Itoa(schema.DefaultWakeupPort)
+	if _, p, err := net.SplitHostPort(listen); err == nil && p != "" {
+		port = p
+	}
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get("http://127.0.0.1:" + port + "/healthz")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "healthcheck:", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(os.Stderr, "healthcheck: status", resp.StatusCode)
+		return 1
+	}
+	return 0
+}
+
+func logLevel(s string) slog.Level {
+	var l slog.Level
+	if l.UnmarshalText([]byte(s)) != nil {
+		return slog.LevelInfo
+	}
+	return l
+}
