@@ -36,7 +36,7 @@ unit: tools
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 bench: tools
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/...
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench
 
 clean:
 	rm -rf bin cdk.out .local

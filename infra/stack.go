@@ -37,10 +37,10 @@ const (
 	workerMemory = 1024
 )
 
-// sweepPeriodSeconds is the backstop sweep's schedule. One minute keeps a hung
-// worker's connections orphaned for at most lease + skew margin + one period, under
-// the 2-minute orphan alarm, and reading a 1,000-connection table once a minute
-// costs about 1.6 million read units (20 cents) a month.
+// sweepPeriodSeconds is the backstop sweep's schedule. At one minute, a hung
+// worker's leases are released at most skew margin + one period (65 s) after they
+// expire, well inside the 2-minute orphan alarm, and reading a 1,000-connection
+// table once a minute costs about 1.7 million read units (21 cents) a month.
 const sweepPeriodSeconds = 60
 
 // Worker shutdown: ECS sends SIGTERM, waits stopTimeout, then SIGKILLs. The worker's
@@ -69,8 +69,8 @@ type StackProps struct {
 func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.Stack {
 	cfg := props.Config
 	stack := awscdk.NewStack(scope, jsii.String(id), &props.StackProps)
-	// The worker service's name doubles as the ServiceName dimension of every
-	// sockfleet metric, so it is derived from the stack name: unique per deployment.
+	// The worker service's name doubles as the ServiceName dimension of the workers'
+	// metrics (autoscaling reads it), so it is derived from the stack name.
 	serviceName := *stack.StackName() + "-worker"
 	retention := retentionEnum[cfg.RetentionDays]
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,7 +127,7 @@ func TestDeliversWhatLambdaWouldAndFilters(t *testing.T) {
 		t.Errorf("record not as Lambda would pass it: %+v", got)
 	}
 	heartbeat(t, e, "owned", time.Now().Add(2*time.Minute).UnixMilli()) // filtered out
-	put(t, e, started("fresh"))                                          // passes
+	put(t, e, started("fresh"))                                         // passes
 	got = rec.next(t)
 	if k := got.Change.Keys[schema.AttrPK].String(); k != "CONN#fresh" {
 		t.Fatalf("got %s %s: the heartbeat was not filtered", got.EventName, k)
@@ -235,5 +236,22 @@ func TestRetriesWholeBatchOnHandlerError(t *testing.T) {
 	}
 	if p.Invocations() != 2 {
 		t.Errorf("invocations %d, want 2", p.Invocations())
+	}
+}
+
+func TestInvokeAdapter(t *testing.T) {
+	var sent []byte
+	h := Invoke(func(_ context.Context, ev []byte) ([]byte, error) {
+		sent = ev
+		return []byte(`{"batchItemFailures":[{"itemIdentifier":"42"}]}`), nil
+	})
+	ev := events.DynamoDBEvent{Records: []events.DynamoDBEventRecord{{EventName: "INSERT", EventSource: "aws:dynamodb",
+		Change: events.DynamoDBStreamRecord{SequenceNumber: "42"}}}}
+	resp, err := h(context.Background(), ev)
+	if err != nil || len(resp.BatchItemFailures) != 1 || resp.BatchItemFailures[0].ItemIdentifier != "42" {
+		t.Fatalf("%+v %v", resp, err)
+	}
+	if !strings.Contains(string(sent), `"Records":[{`) || !strings.Contains(string(sent), `"eventSource":"aws:dynamodb"`) {
+		t.Errorf("sent %s", sent)
 	}
 }

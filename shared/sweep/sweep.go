@@ -277,8 +277,12 @@ func orphaned(c codec.Connection, now time.Time, live map[string]codec.Worker) (
 		return time.Duration(nowMs-ms) * time.Millisecond
 	}
 	switch {
+	case !c.Owned() && c.StatusAtMs > 0:
+		// status_at_ms is when it was released or expired (or first nudged, for an
+		// item never owned); nudges do not move it, so the age keeps growing.
+		return ago(c.StatusAtMs), true
 	case !c.Owned():
-		return ago(max(c.StatusAtMs, c.NudgedAtMs)), true
+		return ago(c.NudgedAtMs), true
 	case c.LeaseExpiresAtMs < nowMs:
 		return ago(c.LeaseExpiresAtMs), true
 	case live != nil:
@@ -318,7 +322,8 @@ func (s *Sweeper) worker(ctx context.Context, w codec.Worker, now time.Time, r *
 
 // Nudge makes the stream carry connection id again so the reconciler looks for an
 // owner: it writes nudged_at_ms = now and lease_expires_at_ms = 0, only if the item
-// exists, is STARTED and is unowned (no lease_owner, or a released lease). It reports
+// exists, is STARTED and is unowned (no lease_owner, or a released lease). An item
+// never owned also gets status_at_ms = now, so the orphan age has a start. It reports
 // whether it wrote; false means the item changed and needs no nudge.
 func Nudge(ctx context.Context, db DynamoDB, table, id string, now time.Time) (bool, error) {
 	if err := schema.ValidateID(id); err != nil {
@@ -327,11 +332,11 @@ func Nudge(ctx context.Context, db DynamoDB, table, id string, now time.Time) (b
 	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           &table,
 		Key:                 map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
-		UpdateExpression:    aws.String("SET #n = :now, #e = :zero"),
+		UpdateExpression:    aws.String("SET #n = :now, #e = :zero, #sa = if_not_exists(#sa, :now)"),
 		ConditionExpression: aws.String("attribute_exists(#pk) AND #d = :started AND (attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero)"),
 		ExpressionAttributeNames: map[string]string{
 			"#pk": schema.AttrPK, "#n": schema.AttrNudgedAt, "#e": schema.AttrLeaseExpires,
-			"#d": schema.AttrDesiredState, "#o": schema.AttrLeaseOwner,
+			"#d": schema.AttrDesiredState, "#o": schema.AttrLeaseOwner, "#sa": schema.AttrStatusAt,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":now": codec.N(now.UnixMilli()), ":zero": codec.N(0), ":started": codec.S(string(schema.Started)),

@@ -158,6 +158,20 @@ func TestSweep(t *testing.T) {
 	if r.Released != 0 || r.Nudged != 0 || r.WorkersCleared != 0 {
 		t.Errorf("second run acted again: %+v", r)
 	}
+	// Nudges do not reset the orphan age: much later, the never-owned item's age
+	// counts from its first nudge, and the released one's from its release.
+	later := now.Add(time.Hour)
+	r, err = f.sweeper(t, sweep.Config{}).Run(ctx, later)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OldestOrphan != time.Hour+10*time.Minute || r.Nudged != 4 {
+		t.Errorf("an hour later: %+v, want the oldest orphan at 1h10m and 4 nudges", r)
+	}
+	c, _ := codec.DecodeConnection(f.get(t, schema.ConnKey("never-owned")))
+	if c.StatusAtMs != ms(now) || c.NudgedAtMs != ms(later) {
+		t.Errorf("never-owned: status_at %d (want the first nudge %d), nudged_at %d", c.StatusAtMs, ms(now), c.NudgedAtMs)
+	}
 }
 
 func TestSweepBudgetAndSegments(t *testing.T) {

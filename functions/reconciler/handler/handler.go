@@ -117,9 +117,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 // ErrUnknownEvent: the payload is none of the three kinds.
 var ErrUnknownEvent = errors.New("reconciler: unknown event")
 
-// SweepMarker is the scheduled rule's input that asks for a sweep.
-const SweepMarker = `{"sockfleet":"sweep"}`
-
 // shape is just enough of any payload to tell the three kinds apart.
 type shape struct {
 	Records []struct {
@@ -127,7 +124,7 @@ type shape struct {
 	} `json:"Records"`
 	DetailType string `json:"detail-type"`
 	Source     string `json:"source"`
-	Sockfleet  string `json:"sockfleet"`
+	Sockfleet  string `json:"sockfleet"` // schema.SweepInputKey
 }
 
 // Handle is the Lambda entry point: it dispatches on the payload's shape. A stream
@@ -148,7 +145,7 @@ func (h *Handler) Handle(ctx context.Context, raw json.RawMessage) (any, error) 
 			return nil, nil
 		}
 		return nil, h.HandleTask(ctx, ev)
-	case s.Sockfleet == "sweep" || (s.DetailType == "Scheduled Event" && s.Source == "aws.events"):
+	case s.Sockfleet == schema.SweepInputValue || (s.DetailType == "Scheduled Event" && s.Source == "aws.events"):
 		_, err := h.Sweep(ctx)
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/sweep"
@@ -157,8 +158,8 @@ func (r *rig) metric(t *testing.T, name string) (float64, bool) {
 
 func TestStreamBatch(t *testing.T) {
 	r := newRig(t, worker("w1", 5), worker("w2", 1))
-	r.sender.by["w2:8080"] = wakeup.Acquired     // least loaded: gets the new connection
-	r.sender.by["w1:8080"] = wakeup.AlreadyOwned // owner of the removed one
+	r.sender.by["w2:8080"] = wakeup.Acquired                                        // least loaded: gets the new connection
+	r.sender.by["w1:8080"] = wakeup.AlreadyOwned                                    // owner of the removed one
 	r.reg.workers = append(r.reg.workers, codec.Worker{ID: "dead", Addr: "dead:1"}) // lapsed: never called
 	out, err := r.h.Handle(context.Background(), fixture(t, "stream_batch.json"))
 	if err != nil {
@@ -312,8 +313,8 @@ func TestDecodeTaskEventGolden(t *testing.T) {
 		t.Errorf("got %+v\nwant %+v", ev, want)
 	}
 	// The event the local supervisor plays decodes the same way.
-	local, err := DecodeTaskEvent(TaskStoppedEvent(LocalClusterARN, "worker-2", "exited", now))
-	if err != nil || local.WorkerID != "worker-2" || local.ClusterARN != LocalClusterARN || local.LastStatus != "STOPPED" {
+	local, err := DecodeTaskEvent(fleet.TaskStoppedEvent("local", "worker-2", "exited", now))
+	if err != nil || local.WorkerID != "worker-2" || local.ClusterARN != fleet.ClusterARN("local") || local.LastStatus != "STOPPED" {
 		t.Errorf("local event %+v, %v", local, err)
 	}
 	for _, bad := range []string{
@@ -335,7 +336,7 @@ func FuzzDecodeTaskEvent(f *testing.F) {
 		b, _ := os.ReadFile(filepath.Join("testdata", name))
 		f.Add(b)
 	}
-	f.Add(TaskStoppedEvent(LocalClusterARN, "w", "x", now))
+	f.Add(fleet.TaskStoppedEvent("local", "w", "x", now))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		ev, err := DecodeTaskEvent(raw)
 		if err != nil {
@@ -360,4 +361,17 @@ func FuzzHandle(f *testing.F) {
 		}
 		_, _ = r.h.Handle(context.Background(), raw)
 	})
+}
+
+// The stack's schedule sends {SweepInputKey: SweepInputValue}; the dispatch must
+// recognise exactly that object.
+func TestSweepInputMatchesSchema(t *testing.T) {
+	b, _ := json.Marshal(map[string]string{schema.SweepInputKey: schema.SweepInputValue})
+	if !bytes.Equal(bytes.TrimSpace(fixture(t, "sweep.json")), b) {
+		t.Fatalf("testdata/sweep.json is not %s", b)
+	}
+	var s shape
+	if err := json.Unmarshal(b, &s); err != nil || s.Sockfleet != schema.SweepInputValue {
+		t.Fatalf("the dispatch does not read %s (key %q): %+v", b, schema.SweepInputKey, s)
+	}
 }

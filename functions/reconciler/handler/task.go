@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
@@ -57,32 +56,3 @@ func DecodeTaskEvent(raw []byte) (TaskEvent, error) {
 	}
 	return TaskEvent{ClusterARN: d.ClusterARN, TaskARN: d.TaskARN, WorkerID: id, LastStatus: d.LastStatus, StoppedReason: d.StoppedReason}, nil
 }
-
-// TaskStoppedEvent builds the event ECS would emit when worker (a task of cluster)
-// stopped. The local supervisor plays it when a worker process exits.
-func TaskStoppedEvent(clusterARN, worker, reason string, at time.Time) []byte {
-	cluster := clusterARN[strings.LastIndexByte(clusterARN, '/')+1:]
-	prefix := strings.TrimSuffix(clusterARN[:strings.LastIndexByte(clusterARN, ':')+1], ":")
-	taskARN := fmt.Sprintf("%s:task/%s/%s", prefix, cluster, worker)
-	ev := map[string]any{
-		"version":     "0",
-		"id":          fmt.Sprintf("local-%s-%d", worker, at.UnixNano()),
-		"detail-type": TaskStateChange,
-		"source":      "aws.ecs",
-		"time":        at.UTC().Format(time.RFC3339),
-		"resources":   []string{taskARN},
-		"detail": map[string]any{
-			"clusterArn":    clusterARN,
-			"taskArn":       taskARN,
-			"lastStatus":    "STOPPED",
-			"desiredStatus": "STOPPED",
-			"stoppedReason": reason,
-			"stoppedAt":     at.UTC().Format(time.RFC3339Nano),
-		},
-	}
-	b, _ := json.Marshal(ev) // maps of strings always marshal
-	return b
-}
-
-// LocalClusterARN is the cluster ARN the local stack uses in place of ECS's.
-const LocalClusterARN = "arn:aws:ecs:local:000000000000:cluster/sockfleet-local"

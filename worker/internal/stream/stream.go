@@ -279,7 +279,8 @@ func (s *Stream) session(ctx context.Context) error {
 	s.setStatus("streaming", nil)
 	s.cfg.Log.Debug("upstream connected", "conn", s.id, "from", from)
 
-	msgs := make(chan sink.Message, s.cfg.BatchSize)
+	// A short queue: a deep one costs memory on every idle socket (a Message is ~56 bytes).
+	msgs := make(chan sink.Message, min(s.cfg.BatchSize, 32))
 	readErr := make(chan error, 1)
 	done := make(chan struct{}) // closed to stop the writer
 	var wg sync.WaitGroup
@@ -302,7 +303,7 @@ func (s *Stream) session(ctx context.Context) error {
 // deliver hands messages to the sink in batches until the reader fails, the URL
 // changes or ctx ends.
 func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr chan error) error {
-	batch := make([]sink.Message, 0, s.cfg.BatchSize)
+	var batch []sink.Message // grown on demand, so an idle socket holds none
 	for {
 		select {
 		case <-ctx.Done():
