@@ -5,9 +5,13 @@
 SHELL := /bin/bash
 GO    ?= go
 TOOLS := .tools/node_modules/.installed
+# The open-source Lambda Runtime Interface Emulator runs the real reconciler binary
+# locally. Built from the Go module proxy at a pinned version.
+RIE         := .tools/bin/aws-lambda-rie
+RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: all tools build run test vet fmt-check unit bench clean
+.PHONY: all tools local-bin build run test vet fmt-check unit bench clean
 
 all: build
 
@@ -15,13 +19,24 @@ $(TOOLS): .tools/package.json .tools/package-lock.json
 	npm ci --prefix .tools --no-audit --no-fund --loglevel=error
 	@touch $@
 
-tools: $(TOOLS)
+$(RIE):
+	GOBIN=$(CURDIR)/.tools/bin $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
+
+tools: $(TOOLS) $(RIE)
 
 build:
 	$(GO) build ./...
 
-run: tools
-	$(GO) run ./cmd/sockfleet-local
+# The binaries `make run` starts: workers, the reconciler (for this machine, run under
+# the emulator) and the operator CLI.
+local-bin:
+	$(GO) build -o .local/bin/worker ./worker
+	CGO_ENABLED=0 $(GO) build -tags lambda.norpc -o .local/bin/bootstrap ./functions/reconciler
+	$(GO) build -o .local/bin/sockfleet ./cmd/sockfleet
+	$(GO) build -o .local/bin/sockfleet-local ./cmd/sockfleet-local
+
+run: tools local-bin
+	.local/bin/sockfleet-local
 
 test: tools vet fmt-check unit infra-test
 

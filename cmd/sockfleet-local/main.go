@@ -1,10 +1,16 @@
-// Command sockfleet-local runs sockfleet on one machine: the local DynamoDB engine,
-// file-backed under .local/ so state survives restarts, and the table from the
-// shared schema. `make run` starts it.
+// Command sockfleet-local runs the whole sockfleet system on one machine: the local
+// DynamoDB engine (file-backed under .local/, so state survives restarts), the table
+// from the shared schema, the demo upstream, the real reconciler binary under the
+// Lambda runtime emulator fed by the local stream poller, a supervisor playing ECS
+// with N worker processes, the scheduled sweep, and a few demo connections.
+// `make run` builds the binaries and starts it; Ctrl-C drains and stops everything.
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -17,65 +23,146 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/ddb"
+	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
+type options struct {
+	dir, table, bin, rie    string
+	dbPort, basePort, demos int
+	workers                 int
+	lambdaAddr, upstream    string
+	sweep                   time.Duration
+	rate                    float64
+}
+
 func main() {
-	dir := flag.String("dir", ".local", "folder for local state (git-ignored)")
-	port := flag.Int("db-port", 8000, "port of the local DynamoDB engine on 127.0.0.1")
-	table := flag.String("table", schema.DefaultTableName, "table name")
+	var o options
+	flag.StringVar(&o.dir, "dir", ".local", "folder for local state (git-ignored)")
+	flag.StringVar(&o.table, "table", schema.DefaultTableName, "table name")
+	flag.StringVar(&o.bin, "bin", ".local/bin", "folder with the worker and bootstrap binaries (make local-bin)")
+	flag.StringVar(&o.rie, "rie", ".tools/bin/aws-lambda-rie", "the Lambda runtime interface emulator (make tools)")
+	flag.IntVar(&o.dbPort, "db-port", 8000, "port of the local DynamoDB engine")
+	flag.IntVar(&o.workers, "workers", 3, "number of worker processes")
+	flag.IntVar(&o.basePort, "base-port", 8081, "worker i listens on base-port+i")
+	flag.StringVar(&o.lambdaAddr, "lambda-addr", "127.0.0.1:9000", "where the emulator serves invocations")
+	flag.StringVar(&o.upstream, "upstream-addr", "127.0.0.1:9100", "the demo upstream's address")
+	flag.IntVar(&o.demos, "demo", 3, "demo connections to seed (if missing)")
+	flag.Float64Var(&o.rate, "rate", 2, "demo upstream messages per second per stream")
+	flag.DurationVar(&o.sweep, "sweep", time.Minute, "backstop sweep period")
 	flag.Parse()
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*dir, *port, *table, log); err != nil {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if err := run(o, log); err != nil {
 		fmt.Fprintln(os.Stderr, "sockfleet-local:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir string, port int, table string, log *slog.Logger) error {
+func run(o options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	for _, p := range []string{filepath.Join(o.bin, "worker"), filepath.Join(o.bin, "bootstrap"), o.rie} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%s is missing: run `make run` (it builds it)", p)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(o.dir, "logs"), 0o755); err != nil {
 		return err
 	}
-	logFile, err := os.Create(filepath.Join(dir, "dynoxide.log"))
+	logFile, err := os.Create(filepath.Join(o.dir, "logs", "dynoxide.log"))
 	if err != nil {
 		return err
 	}
 	defer logFile.Close()
-	dbPath := filepath.Join(dir, "dynoxide.db")
-	engine, err := dynoxide.Start(dynoxide.Options{Port: port, DBPath: dbPath, Log: logFile})
+	dbPath := filepath.Join(o.dir, "dynoxide.db")
+	engine, err := dynoxide.Start(dynoxide.Options{Port: o.dbPort, DBPath: dbPath, Log: logFile})
 	if err != nil {
-		return fmt.Errorf("%w (is something else listening on port %d? pass -db-port)", err, port)
+		return fmt.Errorf("%w (is another `make run` using port %d? pass -db-port)", err, o.dbPort)
 	}
 	defer engine.Stop()
 	db := dynamodb.New(dynamodb.Options{
-		Region:       "us-east-1",
-		Credentials:  credentials.NewStaticCredentialsProvider("local", "local", ""),
-		BaseEndpoint: aws.String(engine.Endpoint),
+		Region: fleet.LocalRegion, BaseEndpoint: aws.String(engine.Endpoint),
+		Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
 	})
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	created, err := ddb.EnsureTable(cctx, db, table)
+	created, err := ddb.EnsureTable(cctx, db, o.table)
 	cancel()
 	if err != nil {
 		return err
 	}
-	if created {
-		log.Info("created table", "table", table)
-	} else {
-		log.Info("table already exists", "table", table)
-	}
-	fmt.Printf(`sockfleet local stack is running (Ctrl-C stops it)
-  DynamoDB engine  %s  (data in %s)
-  table            %s
+	log.Info("table ready", "table", o.table, "created", created)
 
-Point any AWS tool or sockfleet binary at it with:
+	up, err := demoupstream.Listen(o.upstream, demoupstream.Config{Rate: o.rate, Size: 64})
+	if err != nil {
+		return fmt.Errorf("demo upstream on %s: %w", o.upstream, err)
+	}
+	defer up.Close()
+
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	st, err := fleet.Start(ctx, fleet.Config{
+		Dir: o.dir, Endpoint: engine.Endpoint, Table: o.table, Cluster: "sockfleet-local",
+		Secret:  hex.EncodeToString(secret),
+		Workers: o.workers, WorkerBin: abs(filepath.Join(o.bin, "worker")), BasePort: o.basePort, Restart: true,
+		Bootstrap: abs(filepath.Join(o.bin, "bootstrap")), RIE: abs(o.rie), LambdaAddr: o.lambdaAddr,
+		ReconcilerEnv: []string{schema.EnvSweepPeriod + "=" + o.sweep.String()},
+		SweepEvery:    o.sweep, Log: log,
+	})
+	if err != nil {
+		return err
+	}
+	seeded := seed(ctx, db, o.table, up, o.demos, log)
+
+	fmt.Printf(`
+sockfleet is running locally (Ctrl-C drains the workers and stops everything)
+  DynamoDB engine   %s   data in %s
+  table             %s   (%d demo connections added now)
+  demo upstream     ws://%s/streams/{id}
+  reconciler        the Lambda binary under the runtime emulator at %s, fed by the stream poller
+  workers           %d processes on 127.0.0.1:%d.. (restarted like an ECS service); logs in %s/logs
+  sweep             every %s
+  sinks             %s/sinks/<worker>.jsonl
+
+In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
-  export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local SOCKFLEET_TABLE=%[3]s
-`, engine.Endpoint, dbPath, table)
+  export AWS_REGION=us-east-1 AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local
+  .local/bin/sockfleet watch                                   # live view
+  .local/bin/sockfleet conn add feed-1 ws://%[5]s/streams/feed-1
+  .local/bin/sockfleet conn stop demo-1                        # closes within a second
+  .local/bin/sockfleet conn start demo-1
+  kill -9 $(pgrep -f 'bin/worker' | head -1)                   # failover: watch the owners change
+`, engine.Endpoint, dbPath, o.table, seeded, o.upstream, o.lambdaAddr, o.workers, o.basePort, o.dir, o.sweep, o.dir)
 	<-ctx.Done()
-	log.Info("stopping")
+	log.Info("stopping: draining workers")
+	st.Stop()
+	log.Info("stopped")
 	return nil
+}
+
+// seed adds demo connections that do not exist yet.
+func seed(ctx context.Context, db *dynamodb.Client, table string, up *demoupstream.Server, n int, log *slog.Logger) int {
+	added := 0
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprintf("demo-%d", i)
+		_, err := db.PutItem(ctx, &dynamodb.PutItemInput{
+			TableName:                &table,
+			Item:                     codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: up.URL(id)}),
+			ConditionExpression:      aws.String("attribute_not_exists(#pk)"),
+			ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK},
+		})
+		var ccf *types.ConditionalCheckFailedException
+		switch {
+		case err == nil:
+			added++
+		case !errors.As(err, &ccf):
+			log.Error("seed demo connection", "id", id, "err", err)
+		}
+	}
+	return added
 }

@@ -53,7 +53,9 @@ func Start(o Options) (*Proc, error) {
 			args = append(args, "--db-path", o.DBPath)
 		}
 		cmd := exec.Command(bin, args...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// Its own process group: a Ctrl-C in the terminal must not stop the engine
+		// before the workers have drained into it.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 		if o.Log != nil {
 			cmd.Stdout, cmd.Stderr = o.Log, o.Log
 		}
