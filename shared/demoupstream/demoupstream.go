@@ -40,6 +40,10 @@ type Config struct {
 	Size int
 	// Buffer is how many past messages a resume may reach back. Default 1,000,000.
 	Buffer int64
+	// ClientTimeout, if set, drops a client that answers no ping for this long, as a
+	// real upstream drops a dead peer. Without it a frozen client (a paused process)
+	// keeps its socket open and looks connected until TCP gives up.
+	ClientTimeout time.Duration
 }
 
 // EventKind names what happened in an Event.
@@ -333,6 +337,25 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		}
 		return err
 	})
+	if to := s.cfg.ClientTimeout; to > 0 {
+		_ = c.conn.SetReadDeadline(time.Now().Add(to))
+		c.conn.SetPongHandler(func(string) error { return c.conn.SetReadDeadline(time.Now().Add(to)) })
+		rwg.Go(func() {
+			t := time.NewTicker(to / 3)
+			defer t.Stop()
+			for {
+				select {
+				case <-c.stop:
+					return
+				case <-t.C:
+					if c.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(to)) != nil {
+						c.end()
+						return
+					}
+				}
+			}
+		})
+	}
 	rwg.Go(func() {
 		defer c.end()
 		for {

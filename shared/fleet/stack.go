@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -87,6 +88,13 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	}
 	if cfg.LambdaAddr == "" {
 		cfg.LambdaAddr = "127.0.0.1:9000"
+	}
+	if strings.HasSuffix(cfg.LambdaAddr, ":0") {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		cfg.LambdaAddr = strings.TrimSuffix(cfg.LambdaAddr, "0") + strconv.Itoa(port)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
