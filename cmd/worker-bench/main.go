@@ -47,12 +47,21 @@ func main() {
 	tput := flag.String("throughput", "1,100", "connection counts for the file-sink throughput measurement")
 	dur := flag.Duration("duration", 10*time.Second, "throughput measurement window")
 	size := flag.Int("size", 64, "payload bytes per message in the throughput run")
+	// The local engine serialises writes (a few hundred per second on 2 cores, see the
+	// lease store benchmarks), below the 500/s that 10,000 leases renewed every 20 s
+	// need; long timings keep renewals from starving the start-up acquisitions. They
+	// do not change what a socket costs in memory.
+	flag.DurationVar(&timings.lease, "lease", 10*time.Minute, "worker lease duration")
+	flag.DurationVar(&timings.renew, "renew", 4*time.Minute, "worker renew interval")
+	flag.DurationVar(&timings.deadline, "renew-deadline", 8*time.Minute, "worker renew deadline")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
 		fmt.Fprintln(os.Stderr, "worker-bench:", err)
 		os.Exit(1)
 	}
 }
+
+var timings struct{ lease, renew, deadline time.Duration }
 
 func parseInts(s string) []int {
 	var out []int
@@ -98,8 +107,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
 
 	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
-	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s\n\n",
-		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"))
+	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s\n\n",
+		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"),
+		timings.lease, timings.renew, timings.deadline)
 
 	if len(idle) > 0 {
 		fmt.Println("| idle connections | worker RSS, none | worker RSS, all streaming | per connection | acquire + connect time |")
@@ -177,7 +187,8 @@ func (b *bench) startWorker(table string, max int, sink string) (*proc, error) {
 		schema.EnvTable+"="+table, schema.EnvWorkerID+"=bench", schema.EnvListenAddr+"="+addr,
 		schema.EnvMaxConnections+"="+strconv.Itoa(max), schema.EnvSink+"="+sink, schema.EnvSeqPath+"=seq",
 		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=error",
-		// Production defaults for the lease timings (60s / 20s / 50s).
+		schema.EnvLease+"="+timings.lease.String(), schema.EnvRenewInterval+"="+timings.renew.String(),
+		schema.EnvRenewDeadline+"="+timings.deadline.String(),
 	)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
@@ -320,6 +331,9 @@ func (b *bench) memory(n int) error {
 	rss, err := rssKB(w.cmd.Process.Pid)
 	if err != nil {
 		return err
+	}
+	if f, _ := metric(w.addr, "sockfleet_self_fences_total"); f != 0 {
+		return fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f)
 	}
 	per := float64(rss-base) / float64(n)
 	fmt.Printf("| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))

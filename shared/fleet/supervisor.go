@@ -96,7 +96,10 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 		if s.OnExit != nil {
 			s.OnExit(slot, id, p.err)
 		}
-		if s.Restart && ctx.Err() == nil {
+		s.mu.Lock()
+		restart := s.Restart
+		s.mu.Unlock()
+		if restart && ctx.Err() == nil {
 			select {
 			case <-ctx.Done():
 				return

@@ -95,6 +95,10 @@ type stack struct {
 	sender *recordingSender
 	reg    *registry.Registry
 	store  *lease.Store
+
+	mu      sync.Mutex
+	closing bool
+	exits   sync.WaitGroup // task-stopped events being handled
 }
 
 func newStack(t *testing.T) *stack {
@@ -143,6 +147,14 @@ func newStack(t *testing.T) *stack {
 		},
 		// Play ECS: a worker that exits becomes a task-stopped event.
 		OnExit: func(_ int, id string, _ error) {
+			s.mu.Lock()
+			if s.closing {
+				s.mu.Unlock()
+				return
+			}
+			s.exits.Add(1)
+			s.mu.Unlock()
+			defer s.exits.Done()
 			ev := fleet.TaskStoppedEvent(cluster, id, "Essential container in task exited", time.Now())
 			if _, err := s.h.Handle(context.Background(), ev); err != nil {
 				t.Errorf("task-stopped event for %s: %v", id, err)
@@ -155,7 +167,11 @@ func newStack(t *testing.T) *stack {
 		}
 	}
 	t.Cleanup(func() {
-		s.sup.Stop(10 * time.Second)
+		s.mu.Lock()
+		s.closing = true // the workers' exits from here on are the test ending, not news
+		s.mu.Unlock()
+		s.stopWorkers(10 * time.Second)
+		s.exits.Wait()
 		cancel()
 		<-done
 		if t.Failed() {
@@ -167,6 +183,26 @@ func newStack(t *testing.T) *stack {
 		return err == nil && len(registry.Live(ws, time.Now())) == 2
 	})
 	return s
+}
+
+// stopWorkers drains every worker (SIGTERM), killing what is left after grace. It
+// signals the processes itself rather than calling Supervisor.Stop, whose write of
+// Restart races with the exit goroutines' unlocked read of it.
+func (s *stack) stopWorkers(grace time.Duration) {
+	deadline := time.After(grace)
+	for slot := range 2 {
+		p := s.sup.Get(slot)
+		if p == nil {
+			continue
+		}
+		_ = s.sup.Signal(slot, syscall.SIGTERM)
+		select {
+		case <-p.Done():
+		case <-deadline:
+			_ = s.sup.Signal(slot, syscall.SIGKILL)
+			<-p.Done()
+		}
+	}
 }
 
 func (s *stack) put(id string, state schema.State) {

@@ -23,10 +23,12 @@
 package owner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,6 +129,9 @@ type owned struct {
 
 	renewMu sync.Mutex    // one renew of this lease at a time (a single call, never a retry loop)
 	written stream.Status // status last folded into a write; under renewMu
+	// renewedAt is when the last successful renew (or the acquire) began, as the
+	// monotonic time since Manager.started: rounds renew the oldest first.
+	renewedAt atomic.Int64
 }
 
 // New checks cfg and returns a Manager.
@@ -255,6 +260,9 @@ func (m *Manager) renewAll(ctx context.Context) {
 		list = append(list, o)
 	}
 	m.mu.Unlock()
+	// Oldest first: when the table is slow and a round outlasts the interval, the
+	// leases nearest their fence deadline go first.
+	slices.SortFunc(list, func(a, b *owned) int { return cmp.Compare(a.renewedAt.Load(), b.renewedAt.Load()) })
 	sem := make(chan struct{}, m.cfg.RenewConcurrency)
 	var wg sync.WaitGroup
 	for _, o := range list {
@@ -295,6 +303,7 @@ func (m *Manager) renew(ctx context.Context, o *owned) error {
 	switch {
 	case err == nil:
 		o.written = st
+		o.renewedAt.Store(int64(start.Sub(m.started)))
 		o.timer.Reset(time.Until(start.Add(m.fence))) // no effect once fenced: the context stays cancelled
 		m.act(o, c)
 	case errors.Is(err, lease.ErrLost):
@@ -350,6 +359,7 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 	ctx, cancel := context.WithCancelCause(m.base)
 	o := &owned{lease: l, s: m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq), ctx: ctx, cancel: cancel}
 	o.written = o.s.Status()
+	o.renewedAt.Store(int64(t0.Sub(m.started)))
 	o.timer = time.AfterFunc(time.Until(t0.Add(m.fence)), func() { m.fenced(o) })
 	m.conns[l.ID] = o
 	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
