@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -34,6 +35,106 @@ type FaultProxy struct {
 	srv    *http.Server
 
 	Injected atomic.Int64 // faults injected so far
+	Meter    Meter        // capacity billed for everything that went through
+}
+
+// Meter adds up what DynamoDB bills for the traffic through a proxy: it asks each
+// call for ReturnConsumedCapacity=INDEXES and reads the answer. A conditional write
+// that fails is billed one write unit (items here are under 1 KB) and counted apart.
+type Meter struct {
+	mu sync.Mutex
+	u  Usage
+}
+
+// Usage is what a Meter counted.
+type Usage struct {
+	ReadUnits, WriteUnits  float64
+	ConditionalCheckFailed int
+	Calls                  map[string]int // by operation
+}
+
+// Snapshot returns a copy of the counters.
+func (m *Meter) Snapshot() Usage {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := m.u
+	c.Calls = map[string]int{}
+	for k, v := range m.u.Calls {
+		c.Calls[k] = v
+	}
+	return c
+}
+
+// Sub returns u minus an earlier snapshot.
+func (u Usage) Sub(earlier Usage) Usage {
+	d := Usage{ReadUnits: u.ReadUnits - earlier.ReadUnits, WriteUnits: u.WriteUnits - earlier.WriteUnits,
+		ConditionalCheckFailed: u.ConditionalCheckFailed - earlier.ConditionalCheckFailed, Calls: map[string]int{}}
+	for k, v := range u.Calls {
+		d.Calls[k] = v - earlier.Calls[k]
+	}
+	return d
+}
+
+var meteredOps = map[string]bool{ // op -> is a read
+	"GetItem": true, "Query": true, "Scan": true, "BatchGetItem": true,
+	"PutItem": false, "UpdateItem": false, "DeleteItem": false, "BatchWriteItem": false,
+}
+
+// request adds ReturnConsumedCapacity to a metered call's JSON body.
+func (m *Meter) request(op string, body []byte) []byte {
+	if _, ok := meteredOps[op]; !ok {
+		return body
+	}
+	var in map[string]json.RawMessage
+	if json.Unmarshal(body, &in) != nil {
+		return body
+	}
+	in["ReturnConsumedCapacity"] = json.RawMessage(`"INDEXES"`)
+	out, err := json.Marshal(in)
+	if err != nil {
+		return body
+	}
+	return out
+}
+
+func (m *Meter) response(op string, status int, body []byte) {
+	read, metered := meteredOps[op]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.u.Calls == nil {
+		m.u.Calls = map[string]int{}
+	}
+	m.u.Calls[op]++
+	if !metered {
+		return
+	}
+	if status != http.StatusOK {
+		if bytes.Contains(body, []byte("ConditionalCheckFailed")) {
+			m.u.ConditionalCheckFailed++
+			m.u.WriteUnits++
+		}
+		return
+	}
+	var out struct {
+		ConsumedCapacity json.RawMessage
+	}
+	if json.Unmarshal(body, &out) != nil || len(out.ConsumedCapacity) == 0 {
+		return
+	}
+	var ccs []struct{ CapacityUnits float64 }
+	if out.ConsumedCapacity[0] != '[' {
+		out.ConsumedCapacity = append(append([]byte{'['}, out.ConsumedCapacity...), ']')
+	}
+	if json.Unmarshal(out.ConsumedCapacity, &ccs) != nil {
+		return
+	}
+	for _, cc := range ccs {
+		if read {
+			m.u.ReadUnits += cc.CapacityUnits
+		} else {
+			m.u.WriteUnits += cc.CapacityUnits
+		}
+	}
 }
 
 // NewFaultProxy listens on 127.0.0.1 and forwards to target.
@@ -117,12 +218,19 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cut(w)
 		return
 	}
+	target := r.Header.Get("X-Amz-Target")
+	op := target[strings.LastIndexByte(target, '.')+1:]
+	// Rewriting the body breaks the client's SigV4 signature; the local engine does
+	// not check it, and this proxy only ever fronts the local engine.
+	body = p.Meter.request(op, body)
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, p.Target+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		cut(w)
 		return
 	}
 	req.Header = r.Header.Clone()
+	req.ContentLength = int64(len(body))
+	req.Header.Del("Content-Length")
 	resp, err := http.DefaultTransport.RoundTrip(req)
 	if err != nil {
 		cut(w)
@@ -130,6 +238,9 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
+	if err == nil {
+		p.Meter.response(op, resp.StatusCode, data)
+	}
 	if err != nil || d.drop {
 		if d.drop {
 			p.Injected.Add(1)
@@ -140,6 +251,7 @@ func (p *FaultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for k, v := range resp.Header {
 		w.Header()[k] = v
 	}
+	w.Header().Del("Content-Length")
 	w.WriteHeader(resp.StatusCode)
 	w.Write(data)
 }

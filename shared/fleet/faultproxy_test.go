@@ -72,3 +72,38 @@ func TestLeaseStoreThroughFaultProxy(t *testing.T) {
 		t.Fatalf("read during an outage: %v", err)
 	}
 }
+
+// The proxy's meter counts what the engine bills, index writes and failed
+// conditions included, without the client asking for it.
+func TestProxyMetersBilledCapacity(t *testing.T) {
+	e := ddbtest.New(t)
+	ctx := context.Background()
+	p, err := fleet.NewFaultProxy(e.Endpoint, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	db := dynamodb.NewFromConfig(e.Config(nil), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(p.Endpoint()) })
+	s, _ := lease.New(db, lease.Config{Table: e.Table})
+	if _, err := db.PutItem(ctx, &dynamodb.PutItemInput{TableName: &e.Table, Item: codec.EncodeConnection(
+		codec.Connection{ID: "m", DesiredState: schema.Started, WSURL: "ws://h/x"})}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire(ctx, "m", "w1") // 1 table write + 1 lease_owner index write
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Renew(ctx, l, lease.Progress{LastSeq: 1}); err != nil { // 1: heartbeats skip the index
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(ctx, "m", "w2"); !errors.Is(err, lease.ErrHeld) { // a failed condition: 1
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "m"); err != nil { // a strongly consistent read of a small item: 1
+		t.Fatal(err)
+	}
+	u := p.Meter.Snapshot()
+	if u.WriteUnits != 1+2+1+1 || u.ReadUnits != 1 || u.ConditionalCheckFailed != 1 {
+		t.Fatalf("metered %+v; want 5 write units (put, acquire+index, renew, failed acquire), 1 read, 1 failed condition", u)
+	}
+}
