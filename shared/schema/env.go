@@ -38,7 +38,32 @@ const (
 	// sets it to the workers' ECS service name, so autoscaling on connections per task
 	// reads exactly this fleet's workers. Empty: no dimension.
 	EnvServiceName = "SOCKFLEET_SERVICE_NAME"
+
+	// Worker: the ownership mode. "stream" (default): the reconciler wakes workers.
+	// "polling": the seed's design, kept as a fallback for users who cannot deploy the
+	// Lambda and as the baseline of the benchmarks: 5 s heartbeat, 20 s lease, and
+	// every worker queries the seed's index (PollingIndex) for orphans every
+	// EnvPollInterval with jitter, trying to acquire each one it finds.
+	EnvMode         = "SOCKFLEET_MODE"
+	EnvPollInterval = "SOCKFLEET_POLL_INTERVAL" // polling mode; default 5s
+
+	// Worker, for chaos runs only: shifts the wall clock the worker uses for lease
+	// expiry by this duration (e.g. 300ms or -300ms). Keep it within the skew margin.
+	EnvClockOffset = "SOCKFLEET_CLOCK_OFFSET"
 )
+
+// Worker modes.
+const (
+	ModeStream  = "stream"
+	ModePolling = "polling"
+)
+
+// PollingIndex is the seed's index on (desired_state, lease_expires_at_ms), created
+// only for polling mode. Every heartbeat rewrites its sort key, which DynamoDB bills
+// as two index writes; stream mode has no such index.
+var PollingIndex = struct{ Name, PartitionKey, SortKey string }{
+	Name: "desired_state-lease_expires_at_ms-index", PartitionKey: AttrDesiredState, SortKey: AttrLeaseExpires,
+}
 
 // SweepInputKey and SweepInputValue form the constant input of the scheduled rule
 // that runs the backstop sweep, {"sockfleet":"sweep"}, by which the reconciler tells
