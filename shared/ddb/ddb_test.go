@@ -51,3 +51,24 @@ func TestEnsureTableMatchesSchema(t *testing.T) {
 		t.Errorf("TTL %+v, want attribute %s", ttl.TimeToLiveDescription, schema.AttrTTL)
 	}
 }
+
+func TestEnsurePollingIndex(t *testing.T) {
+	e := ddbtest.New(t)
+	ctx := context.Background()
+	for range 2 { // idempotent
+		if err := ddb.EnsurePollingIndex(ctx, e.DB, e.Table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err := e.DB.DescribeTable(ctx, &dynamodb.DescribeTableInput{TableName: aws.String(e.Table)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, g := range out.Table.GlobalSecondaryIndexes {
+		found = found || aws.ToString(g.IndexName) == schema.PollingIndex.Name
+	}
+	if !found {
+		t.Fatal("polling index not created")
+	}
+}
