@@ -176,7 +176,8 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 				schema.EnvListenAddr+"="+addr,
 				schema.EnvAdvertiseAddr+"="+addr,
 				schema.EnvWakeupSecret+"="+cfg.Secret,
-				schema.EnvSink+"=file:"+cfg.SinkPath(id))
+				schema.EnvSink+"=file:"+cfg.SinkPath(id),
+				schema.EnvSeqPath+"=seq") // the demo upstream's {seq, ts, payload}
 			if cfg.WorkerEnv != nil {
 				env = append(env, cfg.WorkerEnv(slot, id)...)
 			}

@@ -65,10 +65,13 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if d.Log == nil {
 		d.Log = slog.New(slog.DiscardHandler)
 	}
+	if d.Stdout == nil {
+		d.Stdout = io.Discard
+	}
 	snk := d.Sink
 	if snk == nil {
 		var err error
-		if snk, err = cfg.OpenSink(d.Stdout, false); err != nil {
+		if snk, err = cfg.OpenSink(d.Stdout); err != nil {
 			return nil, err
 		}
 	}

@@ -105,7 +105,7 @@ func (c *Config) Validate() error {
 	if c.DrainTimeout <= 0 {
 		bad(schema.EnvDrainTimeout, "%s must be positive", c.DrainTimeout)
 	}
-	if _, err := c.OpenSink(io.Discard, true); err != nil {
+	if err := checkSink(c.Sink); err != nil {
 		bad(schema.EnvSink, "%v", err)
 	}
 	if _, err := stream.ParseResume(c.Resume); err != nil {
@@ -123,15 +123,19 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// OpenSink builds the configured sink. With dryRun, a file sink is only checked.
-func (c *Config) OpenSink(stdout io.Writer, dryRun bool) (sink.Sink, error) {
-	if dryRun && strings.HasPrefix(c.Sink, "file:") {
-		if strings.TrimPrefix(c.Sink, "file:") == "" {
-			return nil, fmt.Errorf("sink %q: empty file path", c.Sink)
+// OpenSink builds the configured sink; the stdout sink writes to stdout.
+func (c *Config) OpenSink(stdout io.Writer) (sink.Sink, error) { return sink.Parse(c.Sink, stdout) }
+
+// checkSink checks a sink spec without opening anything.
+func checkSink(spec string) error {
+	if path, ok := strings.CutPrefix(spec, "file:"); ok {
+		if path == "" {
+			return fmt.Errorf("sink %q: empty file path", spec)
 		}
-		return nil, nil
+		return nil
 	}
-	return sink.Parse(c.Sink, stdout)
+	_, err := sink.Parse(spec, io.Discard) // stdout and HTTP sinks open nothing
+	return err
 }
 
 // Load reads the configuration from getenv over the defaults, fills the worker id and

@@ -379,15 +379,16 @@ func (m *Manager) session(o *owned) {
 	if errors.Is(cause, errLost) || errors.Is(cause, errDeleted) {
 		return
 	}
-	status := map[error]string{errStopped: "stopped", errInvalid: "invalid", errFenced: "fenced"}[cause]
-	m.release(o.lease, lease.Progress{LastSeq: o.s.LastSeq(), Status: status, Error: errText(cause, status)})
-}
-
-func errText(cause error, status string) string {
-	if status == "fenced" || status == "invalid" {
-		return cause.Error()
+	p := lease.Progress{LastSeq: o.s.LastSeq()} // draining: the store's default "released"
+	switch cause {
+	case errStopped:
+		p.Status = "stopped"
+	case errInvalid:
+		p.Status, p.Error = "invalid", cause.Error()
+	case errFenced:
+		p.Status, p.Error = "fenced", cause.Error()
 	}
-	return ""
+	m.release(o.lease, p)
 }
 
 // release writes l's release on a fresh, bounded context: the cancelled one that
