@@ -60,8 +60,9 @@ func (w Worker) Live(nowMs int64) bool { return w.HeartbeatExpiresAtMs > nowMs }
 // Spare is how many more connections the worker will take.
 func (w Worker) Spare() int { return max(0, w.Capacity-w.Load) }
 
-// EncodeConnection returns the full item for c. Zero lease fields are left out, as an
-// operator's console insert would leave them.
+// EncodeConnection returns the full item for c. lease_expires_at_ms is always written
+// (0: released or never owned), so a new connection is visible to the seed's index
+// in polling mode too; other zero lease fields are left out.
 func EncodeConnection(c Connection) Item {
 	it := Item{
 		schema.AttrPK:           S(schema.ConnKey(c.ID)),
@@ -69,9 +70,7 @@ func EncodeConnection(c Connection) Item {
 		schema.AttrWSURL:        S(c.WSURL),
 	}
 	putS(it, schema.AttrLeaseOwner, c.LeaseOwner)
-	if c.LeaseOwner != "" || c.LeaseExpiresAtMs != 0 {
-		it[schema.AttrLeaseExpires] = N(c.LeaseExpiresAtMs)
-	}
+	it[schema.AttrLeaseExpires] = N(c.LeaseExpiresAtMs)
 	putN(it, schema.AttrLeaseVersion, c.LeaseVersion)
 	putN(it, schema.AttrLastSeq, c.LastSeq)
 	putS(it, schema.AttrStatus, c.Status)

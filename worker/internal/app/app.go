@@ -17,6 +17,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/registry"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/worker/internal/config"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
@@ -91,7 +92,8 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if err := sc.Fill(); err != nil {
 		return nil, err
 	}
-	store, err := lease.New(d.DB, lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin})
+	now := func() time.Time { return time.Now().Add(cfg.ClockOffset) }
+	store, err := lease.New(d.DB, lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now})
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +112,16 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	}
 	if !d.NoStartupPass {
 		oc.Candidates = func(ctx context.Context) ([]string, error) {
-			return owner.ScanCandidates(ctx, d.DB, cfg.Table, time.Now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+			return owner.ScanCandidates(ctx, d.DB, cfg.Table, now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+		}
+	}
+	if cfg.Mode == schema.ModePolling {
+		oc.PollInterval = cfg.PollInterval
+		oc.Orphans = func(ctx context.Context) ([]string, error) {
+			return owner.QueryOrphans(ctx, d.DB, cfg.Table, now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+		}
+		oc.DesiredState = func(ctx context.Context, id string) (schema.State, error) {
+			return owner.ReadDesiredState(ctx, d.DB, cfg.Table, id)
 		}
 	}
 	mgr, err := owner.New(oc)

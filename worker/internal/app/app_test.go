@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/lease"
@@ -168,6 +169,7 @@ type worker struct {
 type opts struct {
 	max     int
 	startup bool
+	polling bool
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -186,6 +188,9 @@ func (e *env) worker(id string, o opts) *worker {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.SeqPath = "seq"
 	cfg.WakeupSecret = secret
+	if o.polling {
+		cfg.Mode, cfg.PollInterval = schema.ModePolling, 300*time.Millisecond
+	}
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}
@@ -579,4 +584,32 @@ func TestStartupPassAcquiresUpToCapacity(t *testing.T) {
 	if got := fmt.Sprint(w.Metrics.Acquisitions.Load()); got != "2" {
 		t.Fatalf("acquisitions %s", got)
 	}
+}
+
+// Polling mode (the seed's design): with no reconciler and no wakeups, a worker finds
+// a new connection by polling the seed's index, and a crashed worker's connection is
+// found by another worker once its lease has expired beyond the margin.
+func TestPollingModeFindsOrphansWithoutWakeups(t *testing.T) {
+	e := newEnv(t, rate)
+	if err := ddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
+		t.Fatal(err)
+	}
+	e.putConn("c1", schema.Started)
+	w1 := e.worker("w1", opts{polling: true})
+	waitFor(t, 5*time.Second, "w1 finds and streams c1 by polling", func() bool { return w1.sink.count("c1") > 0 })
+	if w1.Metrics.OrphanPolls.Load() == 0 {
+		t.Fatal("no orphan poll counted")
+	}
+	waitFor(t, 5*time.Second, "a checkpoint", func() bool { return e.get("c1").LastSeq > 0 })
+	w1.cut.mode.Store(fail) // crash: no release reaches the table
+	w1.stop()
+	crashed := time.Now()
+	w2 := e.worker("w2", opts{polling: true})
+	d := waitFor(t, 10*time.Second, "w2 takes c1 over by polling", func() bool { return w2.sink.count("c1") > 0 })
+	if d < leaseDur-interval-margin {
+		t.Fatalf("w2 took over %s after the crash; a polling takeover must wait for expiry", time.Since(crashed))
+	}
+	contiguous(t, "w2", w2.sink.get("c1"))
+	e.update("c1", "SET desired_state = :s", map[string]types.AttributeValue{":s": codec.S("STOPPED")}, nil)
+	waitFor(t, 3*time.Second, "w2 stops c1 after reading desired_state", func() bool { return !e.get("c1").Owned() })
 }

@@ -46,6 +46,22 @@ type Config struct {
 
 	WakeupSecret []byte
 	ServiceName  string // ServiceName dimension of emitted metrics; empty: none
+
+	// Mode is schema.ModeStream (the reconciler wakes this worker) or
+	// schema.ModePolling (the seed's design: poll the seed's index for orphans).
+	Mode         string
+	PollInterval time.Duration // polling mode
+	// ClockOffset shifts the wall clock used for lease expiry; chaos runs only.
+	ClockOffset time.Duration
+}
+
+// PollingDefaults are the seed's timings: a 5 s heartbeat and a 20 s lease, with
+// every worker polling for orphans every 5 s (with jitter). The margin is 2 s.
+func PollingDefaults(c Config) Config {
+	c.Mode = schema.ModePolling
+	c.Lease, c.RenewInterval, c.RenewDeadline, c.SkewMargin = 20*time.Second, 5*time.Second, 15*time.Second, 2*time.Second
+	c.PollInterval = 5 * time.Second
+	return c
 }
 
 // Defaults: a 60 s lease renewed every 20 s (3 writes per connection-minute, against
@@ -66,6 +82,7 @@ func Defaults() Config {
 		Sink:           "stdout",
 		Resume:         stream.DefaultResume,
 		BadMessages:    string(stream.BadCount),
+		Mode:           schema.ModeStream,
 	}
 }
 
@@ -105,6 +122,18 @@ func (c *Config) Validate() error {
 	if c.DrainTimeout <= 0 {
 		bad(schema.EnvDrainTimeout, "%s must be positive", c.DrainTimeout)
 	}
+	switch c.Mode {
+	case schema.ModeStream:
+	case schema.ModePolling:
+		if c.PollInterval <= 0 {
+			bad(schema.EnvPollInterval, "%s must be positive", c.PollInterval)
+		}
+	default:
+		bad(schema.EnvMode, "%q: want %s or %s", c.Mode, schema.ModeStream, schema.ModePolling)
+	}
+	if c.ClockOffset < -c.SkewMargin || c.ClockOffset > c.SkewMargin {
+		bad(schema.EnvClockOffset, "%s is outside the skew margin %s", c.ClockOffset, c.SkewMargin)
+	}
 	if err := checkSink(c.Sink); err != nil {
 		bad(schema.EnvSink, "%v", err)
 	}
@@ -142,6 +171,13 @@ func checkSink(spec string) error {
 // advertise address from ECS task metadata (or local fallbacks), and validates it.
 func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	c := Defaults()
+	switch m := getenv(schema.EnvMode); m {
+	case "", schema.ModeStream:
+	case schema.ModePolling:
+		c = PollingDefaults(c)
+	default:
+		c.Mode = m // Validate names the variable
+	}
 	var errs []error
 	str := func(env string, dst *string) {
 		if v := getenv(env); v != "" {
@@ -174,6 +210,8 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	dur(schema.EnvRenewDeadline, &c.RenewDeadline)
 	dur(schema.EnvSkewMargin, &c.SkewMargin)
 	dur(schema.EnvDrainTimeout, &c.DrainTimeout)
+	dur(schema.EnvPollInterval, &c.PollInterval)
+	dur(schema.EnvClockOffset, &c.ClockOffset)
 	str(schema.EnvSink, &c.Sink)
 	str(schema.EnvResume, &c.Resume)
 	c.SeqPath = getenv(schema.EnvSeqPath)
@@ -182,6 +220,9 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	c.ServiceName = getenv(schema.EnvServiceName)
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
+	}
+	if c.Mode != schema.ModeStream && c.Mode != schema.ModePolling {
+		return c, fmt.Errorf("%s: %q: want %s or %s", schema.EnvMode, c.Mode, schema.ModeStream, schema.ModePolling)
 	}
 
 	port := listenPort(c.ListenAddr)

@@ -69,6 +69,10 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{schema.EnvWorkerID: "has#hash"}, schema.EnvWorkerID},
 		{map[string]string{schema.EnvAdvertiseAddr: "host:"}, schema.EnvAdvertiseAddr},
 		{map[string]string{schema.EnvDrainTimeout: "0s"}, schema.EnvDrainTimeout},
+		{map[string]string{schema.EnvMode: "gossip"}, schema.EnvMode},
+		{map[string]string{schema.EnvMode: "polling", schema.EnvPollInterval: "0s"}, schema.EnvPollInterval},
+		{map[string]string{schema.EnvClockOffset: "6s"}, schema.EnvClockOffset}, // beyond the 5s margin
+		{map[string]string{schema.EnvClockOffset: "soon"}, schema.EnvClockOffset},
 	}
 	for _, tc := range cases {
 		env := map[string]string{}
@@ -91,5 +95,15 @@ func TestBareAdvertiseHostGetsListenPort(t *testing.T) {
 	}))
 	if err != nil || c.AdvertiseAddr != "10.1.2.3:8080" {
 		t.Fatalf("%q %v", c.AdvertiseAddr, err)
+	}
+}
+
+func TestPollingModeTakesTheSeedsTimings(t *testing.T) {
+	c, err := Load(context.Background(), getenv(map[string]string{schema.EnvWakeupSecret: secret, schema.EnvMode: "polling"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Mode != schema.ModePolling || c.Lease != 20*time.Second || c.RenewInterval != 5*time.Second || c.PollInterval != 5*time.Second {
+		t.Fatalf("polling defaults %+v", c)
 	}
 }

@@ -34,6 +34,8 @@ type Counters struct {
 	Wakeups        atomic.Int64 // authenticated wakeup requests
 	WakeupsRefused atomic.Int64 // 401/400/413/503 answers
 	RegistryErrors atomic.Int64
+	LostRaces      atomic.Int64 // acquires refused because another worker holds the lease
+	OrphanPolls    atomic.Int64 // polling mode: index queries for orphans
 }
 
 // WriteText writes the counters as "name value" lines (Prometheus text format).
@@ -58,6 +60,8 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_wakeups_total", &c.Wakeups},
 		{"sockfleet_wakeups_refused_total", &c.WakeupsRefused},
 		{"sockfleet_registry_errors_total", &c.RegistryErrors},
+		{"sockfleet_lost_races_total", &c.LostRaces},
+		{"sockfleet_orphan_polls_total", &c.OrphanPolls},
 	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%s %d\n", r.name, r.v.Load()); err != nil {

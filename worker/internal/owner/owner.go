@@ -95,9 +95,19 @@ type Config struct {
 	// ScanCandidates), so a fleet that starts cold is not idle until the next event.
 	Candidates func(ctx context.Context) ([]string, error)
 	NewStream  func(id, url string, lastSeq int64) Stream
-	Metrics    *metrics.Counters
-	EMF        *metrics.EMF // may be nil
-	Log        *slog.Logger
+
+	// Polling mode (the seed's design; nil in stream mode). Orphans lists STARTED
+	// connections whose lease is released or expired; it is called every PollInterval
+	// with ±50 % jitter from Rand, and every id found is tried. DesiredState is the
+	// seed's per-connection desired_state read, made for every owned connection on
+	// every renew tick.
+	Orphans      func(ctx context.Context) ([]string, error)
+	PollInterval time.Duration
+	Rand         func() float64 // [0,1); default math/rand/v2
+	DesiredState func(ctx context.Context, id string) (schema.State, error)
+	Metrics      *metrics.Counters
+	EMF          *metrics.EMF // may be nil
+	Log          *slog.Logger
 }
 
 // Manager owns this worker's leases.
@@ -230,6 +240,9 @@ func (m *Manager) Run(ctx context.Context) error {
 		// Concurrent with the loop: leases taken early in a long pass must be renewed.
 		startup.Go(func() { m.startup(ctx) })
 	}
+	if m.cfg.Orphans != nil && m.cfg.PollInterval > 0 {
+		startup.Go(func() { m.pollOrphans(ctx) })
+	}
 	t := time.NewTicker(m.cfg.RenewInterval)
 	defer t.Stop()
 	for ctx.Err() == nil {
@@ -246,6 +259,9 @@ func (m *Manager) Run(ctx context.Context) error {
 // tick is one renew round plus the registry refresh and the owned-count metric.
 func (m *Manager) tick(ctx context.Context) {
 	m.lastRound.Store(int64(time.Since(m.started)))
+	if m.cfg.DesiredState != nil {
+		m.readDesiredStates(ctx)
+	}
 	m.renewAll(ctx)
 	m.refreshRegistry(ctx)
 	m.cfg.EMF.Put(schema.MetricOwned, m.cfg.Metrics.Owned.Load())
@@ -510,6 +526,7 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 		m.cfg.Log.Info("acquired", "conn", id, "version", l.Version, "last_seq", l.LastSeq)
 		return wakeup.Acquired, ""
 	case errors.Is(err, lease.ErrHeld):
+		m.cfg.Metrics.LostRaces.Add(1)
 		return wakeup.LostRace, err.Error()
 	case errors.Is(err, lease.ErrNotStarted), errors.Is(err, lease.ErrNotFound), errors.Is(err, lease.ErrInvalid):
 		return wakeup.NotStartable, err.Error()

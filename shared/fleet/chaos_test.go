@@ -1,0 +1,388 @@
+package fleet_test
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+var (
+	chaosSeed     = flag.Uint64("chaos.seed", 0, "TestChaos: seed of the fault schedule (0: from the time)")
+	chaosDuration = flag.Duration("chaos.duration", 25*time.Second, "TestChaos: how long faults are injected (at least 10s)")
+	chaosWorkers  = flag.Int("chaos.workers", 4, "TestChaos: worker processes")
+	chaosConns    = flag.Int("chaos.conns", 24, "TestChaos: connections")
+)
+
+const (
+	chaosRate          = 15.0      // upstream messages per second per stream
+	chaosClientTimeout = testRenew // the upstream drops a client that answers no ping this long
+
+	// chaosFence is when a worker stops streaming a lease it could not renew: the
+	// owner's FenceAfter(lease, renew deadline, margin), the renew deadline being
+	// lease − renew as startFleetWith sets it.
+	chaosFence = testLease - testRenew
+
+	// chaosOverlapBound is how long two upstream clients of one connection may
+	// coexist, as the upstream sees it.
+	//
+	// The lease design allows no overlap at all: a worker that cannot renew stops at
+	// its fence (lease − renew after its last renew began, on its monotonic clock),
+	// while another worker acquires only once the lease expired more than the skew
+	// margin ago on its own clock — at least lease + margin − |clock offset| after
+	// that renew began, later than the fence. The only other ways to lose a lease are
+	// explicit releases: the owner's own (after it closed its socket), the
+	// reconciler's for a task that stopped (the owner is dead), and the sweep's
+	// (expired leases only, as above).
+	//
+	// What the upstream records can still lag the truth, and the bound allows for it:
+	//   - A worker that learns of a lost lease does so at its next renew, at most one
+	//     renew interval later (the bound).
+	//   - A frozen worker (SIGSTOP) cannot close its socket; the upstream drops it only
+	//     after ClientTimeout without a pong. The frozen worker sends nothing while
+	//     paused, but its socket counts as a client until then.
+	// Hence renew interval + ClientTimeout. Runs so far measured no overlap at all.
+	chaosOverlapBound = testRenew + chaosClientTimeout
+
+	// chaosRecoveryBound is how long after the faults stop (proxy clean, every worker
+	// continued) every STARTED connection must stream again. The slowest path: a
+	// lease renewed just before the end by a worker that then lost it without a
+	// release reaching the table (fenced during an outage, killed with its leases
+	// half-released) expires at most one lease later; the sweep releases it once it
+	// expired by the margin, at most one sweep period after that; the release flows
+	// through the stream to the reconciler, which wakes a worker. If that wakeup is
+	// refused or lost (a worker restarting), the sweep nudges the item after
+	// NudgeAfter, at most one more sweep period later. A few seconds on top cover the
+	// stream poller, a worker's restart delay (1 s) and start-up, the dial and a
+	// loaded machine.
+	chaosRecoveryBound = testLease + testMargin + 2*testSweep + testNudge + 4*time.Second
+)
+
+// chaosAction is one step of a chaos schedule.
+type chaosAction struct {
+	at     time.Duration // after the fault window opens
+	kind   string        // kill, term, stop, cont, faults, down, up, stopconn, startconn
+	slot   int           // kill, term, stop, cont
+	conn   string        // stopconn, startconn
+	faults fleet.Faults  // faults
+}
+
+func (a chaosAction) String() string {
+	switch a.kind {
+	case "kill", "term", "stop", "cont":
+		return fmt.Sprintf("%s slot %d", a.kind, a.slot)
+	case "stopconn", "startconn":
+		return a.kind + " " + a.conn
+	case "faults":
+		f := a.faults
+		return fmt.Sprintf("faults latency<%s 5xx=%.3f throttle=%.3f drop=%.3f", f.MaxLatency, f.P5xx, f.PThrottle, f.PDrop)
+	}
+	return a.kind
+}
+
+// chaosPlan draws a whole fault schedule from rng before anything runs, so a seed
+// always yields the same schedule whatever happens while it runs.
+func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string) []chaosAction {
+	var plan []chaosAction
+	add := func(a chaosAction) { plan = append(plan, a) }
+	between := func(lo, hi time.Duration) time.Duration {
+		if hi <= lo {
+			return lo
+		}
+		return lo + time.Duration(rng.Int64N(int64(hi-lo)))
+	}
+
+	// Outages longer than a lease: one per 30 s of window, at least one, each in a
+	// segment of its own.
+	n := max(1, int(window/(30*time.Second)))
+	seg := window / time.Duration(n)
+	for i := range n {
+		d := between(testLease+500*time.Millisecond, testLease+2500*time.Millisecond)
+		lo := time.Duration(i)*seg + time.Second
+		at := between(lo, max(lo, time.Duration(i+1)*seg-d-time.Second))
+		add(chaosAction{at: at, kind: "down"})
+		add(chaosAction{at: at + d, kind: "up"})
+	}
+
+	// The proxy's fault mix changes every few seconds; some phases are clean.
+	for at := time.Duration(0); at < window; at += between(2*time.Second, 5*time.Second) {
+		var f fleet.Faults
+		if rng.Float64() >= 0.25 {
+			f = fleet.Faults{
+				MaxLatency: between(0, 250*time.Millisecond),
+				P5xx:       0.06 * rng.Float64(),
+				PThrottle:  0.06 * rng.Float64(),
+				PDrop:      0.06 * rng.Float64(),
+			}
+		}
+		add(chaosAction{at: at, kind: "faults", faults: f})
+	}
+
+	// Worker processes: SIGKILL, SIGTERM, or SIGSTOP then SIGCONT after a pause that
+	// is short (the worker keeps its leases), past the fence (it must stop), or past
+	// the lease and margin (others take over).
+	pausedUntil := make([]time.Duration, workers)
+	for at := between(time.Second, 2*time.Second); at < window; at += between(500*time.Millisecond, 2500*time.Millisecond) {
+		slot := rng.IntN(workers)
+		r := rng.Float64()
+		switch {
+		case r < 0.35:
+			add(chaosAction{at: at, kind: "kill", slot: slot})
+		case r < 0.6 || at < pausedUntil[slot]:
+			add(chaosAction{at: at, kind: "term", slot: slot})
+		default:
+			var pause time.Duration
+			switch p := rng.Float64(); {
+			case p < 0.4:
+				pause = between(200*time.Millisecond, 2*time.Second)
+			case p < 0.7:
+				pause = between(chaosFence, testLease+testMargin)
+			default:
+				pause = between(testLease+testMargin, 2*testLease)
+			}
+			pausedUntil[slot] = min(at+pause, window)
+			add(chaosAction{at: at, kind: "stop", slot: slot})
+			add(chaosAction{at: pausedUntil[slot], kind: "cont", slot: slot})
+		}
+	}
+
+	// The operator stops a connection now and then, and starts it again.
+	stoppedUntil := map[string]time.Duration{}
+	for at := between(2*time.Second, 5*time.Second); at < window-2*time.Second; at += between(3*time.Second, 6*time.Second) {
+		c := conns[rng.IntN(len(conns))]
+		if at < stoppedUntil[c] {
+			continue
+		}
+		stoppedUntil[c] = min(at+between(time.Second, 4*time.Second), window-time.Second)
+		add(chaosAction{at: at, kind: "stopconn", conn: c})
+		add(chaosAction{at: stoppedUntil[c], kind: "startconn", conn: c})
+	}
+
+	sort.SliceStable(plan, func(i, j int) bool { return plan[i].at < plan[j].at })
+	return plan
+}
+
+// TestChaos runs a fleet through a seeded schedule of faults — SIGKILL, SIGTERM and
+// SIGSTOP/SIGCONT of workers, one worker's clock offset within the skew margin, a
+// DynamoDB proxy between the workers and the engine that adds latency, fails,
+// throttles, drops responses to applied writes and goes down for longer than a
+// lease, and operator stops and starts — then checks that every STARTED connection
+// streams again within a bound, and over the whole run: at most one streaming
+// client per connection apart from a bounded overlap, and no sequence gap at the
+// sinks.
+//
+// Replay: every random choice (the schedule, which worker, which signal, when, the
+// clock offset, the proxy's fault draws) comes from the seed, so a failing seed
+// replays the same schedule. Timing does not replay: which requests the proxy's
+// draws land on, where a signal catches a worker, and the workers' own backoff
+// jitter vary from run to run, so a rare interleaving may need several replays.
+func TestChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("chaos run")
+	}
+	seed := *chaosSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	replay := fmt.Sprintf("go test ./shared/fleet -run TestChaos -chaos.seed=%d", seed)
+	if *chaosDuration != 25*time.Second {
+		replay += " -chaos.duration=" + chaosDuration.String()
+	}
+	if *chaosWorkers != 4 {
+		replay += fmt.Sprint(" -chaos.workers=", *chaosWorkers)
+	}
+	if *chaosConns != 24 {
+		replay += fmt.Sprint(" -chaos.conns=", *chaosConns)
+	}
+	t.Logf("chaos seed %d (replay: %s)", seed, replay)
+	t.Cleanup(func() { // registered first, so it runs last, after the fleet's logs
+		if t.Failed() {
+			t.Logf("chaos seed %d FAILED (replay: %s)", seed, replay)
+		}
+	})
+	rng := rand.New(rand.NewPCG(seed, seed^0xc4a05))
+	window := max(*chaosDuration, 10*time.Second)
+	workers := max(*chaosWorkers, 2)
+
+	ids := make([]string, max(*chaosConns, 1))
+	for i := range ids {
+		ids[i] = fmt.Sprintf("k%02d", i)
+	}
+	offsetSlot := rng.IntN(workers)
+	offset := testMargin - 100*time.Millisecond
+	if rng.IntN(2) == 0 {
+		offset = -offset
+	}
+	plan := chaosPlan(rng, window, workers, ids)
+	t.Logf("%d workers, %d connections, %s of faults, %d actions; slot %d's clock is off by %s",
+		workers, len(ids), window, len(plan), offsetSlot, offset)
+
+	var proxy *fleet.FaultProxy
+	f := startFleetWith(t, fleetOptions{
+		Workers:       workers,
+		Rate:          chaosRate,
+		ClientTimeout: chaosClientTimeout,
+		WorkerEndpoint: func(engine string) string {
+			var err error
+			if proxy, err = fleet.NewFaultProxy(engine, seed); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Close() })
+			return proxy.Endpoint()
+		},
+		WorkerEnv: func(slot int) []string {
+			if slot == offsetSlot {
+				return []string{schema.EnvClockOffset + "=" + offset.String()}
+			}
+			return nil
+		},
+	})
+	for _, id := range ids {
+		f.add(id)
+	}
+	waitFor(t, 20*time.Second, "every connection streaming before the faults", func() (bool, string) {
+		return f.streamingElsewhere(ids, "")
+	})
+
+	// The fault window.
+	start := time.Now()
+	counts := map[string]int{}
+	for _, a := range plan {
+		time.Sleep(time.Until(start.Add(a.at)))
+		counts[a.kind]++
+		note := ""
+		switch a.kind {
+		case "kill", "term", "stop", "cont":
+			sig := map[string]syscall.Signal{"kill": syscall.SIGKILL, "term": syscall.SIGTERM, "stop": syscall.SIGSTOP, "cont": syscall.SIGCONT}[a.kind]
+			if p := f.stack.Sup.Get(a.slot); p != nil {
+				note = p.ID
+			}
+			if err := f.stack.Sup.Signal(a.slot, sig); err != nil {
+				note += fmt.Sprintf(" (%v)", err) // between a worker's exit and its restart
+			}
+		case "faults":
+			proxy.SetFaults(a.faults)
+		case "down":
+			proxy.SetDown(true)
+		case "up":
+			proxy.SetDown(false)
+		case "stopconn":
+			f.setState(a.conn, schema.Stopped)
+		case "startconn":
+			f.setState(a.conn, schema.Started)
+		}
+		t.Logf("%6.2fs (planned %6.2fs) %s %s", time.Since(start).Seconds(), a.at.Seconds(), a, note)
+	}
+	time.Sleep(time.Until(start.Add(window)))
+	proxy.SetFaults(fleet.Faults{})
+	proxy.SetDown(false)
+	for slot := range workers {
+		_ = f.stack.Sup.Signal(slot, syscall.SIGCONT)
+	}
+	end := time.Now()
+	t.Logf("faults over after %s: %v; the proxy injected %d faults; task-stopped events: %d",
+		end.Sub(start).Round(time.Millisecond), counts, proxy.Injected.Load(), f.stack.InvokeCount("task-stopped"))
+
+	// Every STARTED connection streams again: one upstream client, and an unexpired
+	// lease held by a worker that is running now.
+	settled := func() (bool, string) {
+		live := map[string]bool{}
+		for slot := range workers {
+			if p := f.stack.Sup.Get(slot); p != nil {
+				select {
+				case <-p.Done():
+				default:
+					live[p.ID] = true
+				}
+			}
+		}
+		cs := f.conns()
+		now := time.Now().UnixMilli()
+		var bad []string
+		for _, id := range ids {
+			c := cs[id]
+			switch st := f.up.Stats(id); {
+			case c.DesiredState != schema.Started:
+				bad = append(bad, fmt.Sprintf("%s: desired_state %q", id, c.DesiredState))
+			case st.Clients != 1:
+				bad = append(bad, fmt.Sprintf("%s: %d upstream clients (owner %q)", id, st.Clients, c.LeaseOwner))
+			case !c.Owned() || c.LeaseExpiresAtMs < now:
+				bad = append(bad, fmt.Sprintf("%s: no unexpired lease (owner %q, expires %d, now %d)", id, c.LeaseOwner, c.LeaseExpiresAtMs, now))
+			case !live[c.LeaseOwner]:
+				bad = append(bad, fmt.Sprintf("%s: owner %q is not running", id, c.LeaseOwner))
+			}
+		}
+		return len(bad) == 0, strings.Join(bad, "; ")
+	}
+	d := waitFor(t, chaosRecoveryBound, "every STARTED connection streaming after the faults", settled)
+	t.Logf("every connection streaming %s after the faults stopped (bound %s)", d.Round(time.Millisecond), chaosRecoveryBound)
+	// Then it stays so: no resumed worker takes anything back.
+	time.Sleep(2 * testRenew)
+	if ok, why := settled(); !ok {
+		t.Errorf("%s after recovery: %s", 2*testRenew, why)
+	}
+
+	// At most one streaming client per connection, over the whole run.
+	var worst time.Duration
+	for id, o := range fleet.Overlaps(f.up.Events()) {
+		worst = max(worst, o.Longest)
+		if o.Longest > chaosOverlapBound {
+			t.Errorf("%s: %d clients at once for %s (total %s), more than %s", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+		}
+	}
+	t.Logf("longest overlap of two clients on one connection: %s (bound %s)", worst, chaosOverlapBound)
+
+	// No sequence gap at the sinks, and every connection delivered up to about now.
+	got, err := fleet.ReadSinks(f.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dups := 0
+	for _, id := range ids {
+		d := got[id]
+		if d == nil || d.Max == 0 {
+			t.Errorf("%s: nothing delivered", id)
+			continue
+		}
+		if gaps := d.Gaps(); len(gaps) > 0 {
+			t.Errorf("%s: sequence gaps at the sinks: %v (max %d)", id, gaps, d.Max)
+		}
+		if head := f.up.Stats(id).Head; head-d.Max > int64(3*chaosRate) {
+			t.Errorf("%s: sinks hold up to %d, the upstream is at %d", id, d.Max, head)
+		}
+		dups += d.Duplicates
+	}
+	t.Logf("sinks: %d duplicates over %d connections; worker logs: %s", dups, len(ids), workerLogCounts(f.dir))
+}
+
+// workerLogCounts counts, over every worker's log, the lines that show the fleet
+// defending itself.
+func workerLogCounts(dir string) string {
+	files, _ := filepath.Glob(filepath.Join(dir, "logs", "w*.log"))
+	marks := []string{"self-fencing", "lease lost", "renew failed", "release failed", "acquired"}
+	n := make([]int, len(marks))
+	for _, name := range files {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		for i, m := range marks {
+			n[i] += bytes.Count(b, []byte(m))
+		}
+	}
+	out := make([]string, len(marks))
+	for i, m := range marks {
+		out[i] = fmt.Sprintf("%q %d", m, n[i])
+	}
+	return fmt.Sprintf("%d processes, %s", len(files), strings.Join(out, ", "))
+}
