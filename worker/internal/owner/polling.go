@@ -49,13 +49,7 @@ func QueryOrphans(ctx context.Context, db DB, table string, now time.Time, margi
 		if err != nil {
 			return ids, fmt.Errorf("orphan query: %w", err)
 		}
-		for _, it := range out.Items {
-			if pk, ok := it[schema.AttrPK].(*types.AttributeValueMemberS); ok {
-				if id, ok := schema.ConnID(pk.Value); ok && schema.ValidateID(id) == nil {
-					ids = append(ids, id)
-				}
-			}
-		}
+		ids = appendConnIDs(ids, out.Items)
 		if len(out.LastEvaluatedKey) == 0 || len(ids) >= limit {
 			return ids, nil
 		}

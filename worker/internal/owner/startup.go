@@ -48,13 +48,7 @@ func ScanCandidates(ctx context.Context, db Scanner, table string, now time.Time
 		if err != nil {
 			return ids, fmt.Errorf("start-up scan: %w", err)
 		}
-		for _, it := range out.Items {
-			if pk, ok := it[schema.AttrPK].(*types.AttributeValueMemberS); ok {
-				if id, ok := schema.ConnID(pk.Value); ok && schema.ValidateID(id) == nil {
-					ids = append(ids, id)
-				}
-			}
-		}
+		ids = appendConnIDs(ids, out.Items)
 		if len(out.LastEvaluatedKey) == 0 || len(ids) >= limit {
 			return ids, nil
 		}
@@ -100,4 +94,16 @@ func (m *Manager) startup(ctx context.Context) {
 	}
 	wg.Wait()
 	m.cfg.Log.Info("start-up pass done", "candidates", len(ids), "acquired", acquired)
+}
+
+// appendConnIDs appends the connection ids of items' keys, skipping anything else.
+func appendConnIDs(ids []string, items []map[string]types.AttributeValue) []string {
+	for _, it := range items {
+		if pk, ok := it[schema.AttrPK].(*types.AttributeValueMemberS); ok {
+			if id, ok := schema.ConnID(pk.Value); ok && schema.ValidateID(id) == nil {
+				ids = append(ids, id)
+			}
+		}
+	}
+	return ids
 }
