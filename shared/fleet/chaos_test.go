@@ -51,10 +51,11 @@ const (
 	//   - A frozen worker (SIGSTOP) cannot close its socket; the upstream drops it only
 	//     after ClientTimeout without a pong. The frozen worker sends nothing while
 	//     paused, but its socket counts as a client until then.
-	// Hence renew interval + ClientTimeout. Runs so far measured no overlap at all.
+	// Hence renew interval + ClientTimeout. Runs so far measured no overlap at all;
+	// with self-fencing disabled in the worker they measured up to 3.2 s.
 	chaosOverlapBound = testRenew + chaosClientTimeout
 
-	// chaosRecoveryBound is how long after the faults stop (proxy clean, every worker
+	// chaosRecoveryBound is how long after the faults stop (proxies clean, every worker
 	// continued) every STARTED connection must stream again. The slowest path: a
 	// lease renewed just before the end by a worker that then lost it without a
 	// release reaching the table (fenced during an outage, killed with its leases
@@ -71,15 +72,15 @@ const (
 // chaosAction is one step of a chaos schedule.
 type chaosAction struct {
 	at     time.Duration // after the fault window opens
-	kind   string        // kill, term, stop, cont, faults, down, up, stopconn, startconn
-	slot   int           // kill, term, stop, cont
+	kind   string        // kill, term, stop, cont, faults, down, up, cut, heal, stopconn, startconn
+	slot   int           // kill, term, stop, cont, cut, heal
 	conn   string        // stopconn, startconn
 	faults fleet.Faults  // faults
 }
 
 func (a chaosAction) String() string {
 	switch a.kind {
-	case "kill", "term", "stop", "cont":
+	case "kill", "term", "stop", "cont", "cut", "heal":
 		return fmt.Sprintf("%s slot %d", a.kind, a.slot)
 	case "stopconn", "startconn":
 		return a.kind + " " + a.conn
@@ -114,7 +115,25 @@ func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string
 		add(chaosAction{at: at + d, kind: "up"})
 	}
 
-	// The proxy's fault mix changes every few seconds; some phases are clean.
+	// Partitions: one worker loses the table while the rest keep it, briefly (it
+	// keeps its leases) or past the lease and margin (it must fence itself before the
+	// others take over).
+	cutUntil := make([]time.Duration, workers)
+	for at := between(2*time.Second, 6*time.Second); at < window; at += between(4*time.Second, 8*time.Second) {
+		slot := rng.IntN(workers)
+		if at < cutUntil[slot] {
+			continue
+		}
+		d := between(300*time.Millisecond, chaosFence)
+		if rng.IntN(2) == 0 {
+			d = between(testLease+testMargin, 2*testLease)
+		}
+		cutUntil[slot] = min(at+d, window)
+		add(chaosAction{at: at, kind: "cut", slot: slot})
+		add(chaosAction{at: cutUntil[slot], kind: "heal", slot: slot})
+	}
+
+	// The proxies' fault mix changes every few seconds; some phases are clean.
 	for at := time.Duration(0); at < window; at += between(2*time.Second, 5*time.Second) {
 		var f fleet.Faults
 		if rng.Float64() >= 0.25 {
@@ -173,17 +192,18 @@ func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string
 }
 
 // TestChaos runs a fleet through a seeded schedule of faults — SIGKILL, SIGTERM and
-// SIGSTOP/SIGCONT of workers, one worker's clock offset within the skew margin, a
-// DynamoDB proxy between the workers and the engine that adds latency, fails,
-// throttles, drops responses to applied writes and goes down for longer than a
-// lease, and operator stops and starts — then checks that every STARTED connection
+// SIGSTOP/SIGCONT of workers, one worker's clock offset within the skew margin,
+// DynamoDB proxies between the workers and the engine that add latency, fail,
+// throttle, drop responses to applied writes, cut one worker off (sometimes for
+// longer than a lease) and go down for all of them for longer than a lease, and
+// operator stops and starts — then checks that every STARTED connection
 // streams again within a bound, and over the whole run: at most one streaming
 // client per connection apart from a bounded overlap, and no sequence gap at the
 // sinks.
 //
 // Replay: every random choice (the schedule, which worker, which signal, when, the
-// clock offset, the proxy's fault draws) comes from the seed, so a failing seed
-// replays the same schedule. Timing does not replay: which requests the proxy's
+// clock offset, the proxies' fault draws) comes from the seed, so a failing seed
+// replays the same schedule. Timing does not replay: which requests the proxies'
 // draws land on, where a signal catches a worker, and the workers' own backoff
 // jitter vary from run to run, so a rare interleaving may need several replays.
 func TestChaos(t *testing.T) {
@@ -227,24 +247,33 @@ func TestChaos(t *testing.T) {
 	t.Logf("%d workers, %d connections, %s of faults, %d actions; slot %d's clock is off by %s",
 		workers, len(ids), window, len(plan), offsetSlot, offset)
 
-	var proxy *fleet.FaultProxy
+	// One fault proxy per worker slot, all with the same fault mix, so that one
+	// worker can be cut off alone (a partition) as well as all at once (an outage).
+	// The reconciler reaches the engine directly.
+	proxies := make([]*fleet.FaultProxy, workers)
 	f := startFleetWith(t, fleetOptions{
 		Workers:       workers,
 		Rate:          chaosRate,
 		ClientTimeout: chaosClientTimeout,
 		WorkerEndpoint: func(engine string) string {
-			var err error
-			if proxy, err = fleet.NewFaultProxy(engine, seed); err != nil {
-				t.Fatal(err)
+			for slot := range proxies {
+				p, err := fleet.NewFaultProxy(engine, seed+uint64(slot))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { p.Close() })
+				proxies[slot] = p
 			}
-			t.Cleanup(func() { proxy.Close() })
-			return proxy.Endpoint()
+			return proxies[0].Endpoint()
 		},
 		WorkerEnv: func(slot int) []string {
+			// The later of two settings of a variable wins (os/exec), so this
+			// replaces the endpoint fleet.Config.WorkerEndpoint gave every worker.
+			env := []string{"AWS_ENDPOINT_URL_DYNAMODB=" + proxies[slot].Endpoint()}
 			if slot == offsetSlot {
-				return []string{schema.EnvClockOffset + "=" + offset.String()}
+				env = append(env, schema.EnvClockOffset+"="+offset.String())
 			}
-			return nil
+			return env
 		},
 	})
 	for _, id := range ids {
@@ -257,6 +286,12 @@ func TestChaos(t *testing.T) {
 	// The fault window.
 	start := time.Now()
 	counts := map[string]int{}
+	outage, cut := false, make([]bool, workers)
+	setDown := func() {
+		for slot, p := range proxies {
+			p.SetDown(outage || cut[slot])
+		}
+	}
 	for _, a := range plan {
 		time.Sleep(time.Until(start.Add(a.at)))
 		counts[a.kind]++
@@ -271,11 +306,15 @@ func TestChaos(t *testing.T) {
 				note += fmt.Sprintf(" (%v)", err) // between a worker's exit and its restart
 			}
 		case "faults":
-			proxy.SetFaults(a.faults)
-		case "down":
-			proxy.SetDown(true)
-		case "up":
-			proxy.SetDown(false)
+			for _, p := range proxies {
+				p.SetFaults(a.faults)
+			}
+		case "down", "up":
+			outage = a.kind == "down"
+			setDown()
+		case "cut", "heal":
+			cut[a.slot] = a.kind == "cut"
+			setDown()
 		case "stopconn":
 			f.setState(a.conn, schema.Stopped)
 		case "startconn":
@@ -284,14 +323,23 @@ func TestChaos(t *testing.T) {
 		t.Logf("%6.2fs (planned %6.2fs) %s %s", time.Since(start).Seconds(), a.at.Seconds(), a, note)
 	}
 	time.Sleep(time.Until(start.Add(window)))
-	proxy.SetFaults(fleet.Faults{})
-	proxy.SetDown(false)
+	var injected int64
+	for _, p := range proxies {
+		p.SetFaults(fleet.Faults{})
+		p.SetDown(false)
+		injected += p.Injected.Load()
+	}
+	for slot, p := range proxies {
+		if len(p.Meter.Snapshot().Calls) == 0 {
+			t.Errorf("slot %d's workers never called through their proxy", slot)
+		}
+	}
 	for slot := range workers {
 		_ = f.stack.Sup.Signal(slot, syscall.SIGCONT)
 	}
 	end := time.Now()
-	t.Logf("faults over after %s: %v; the proxy injected %d faults; task-stopped events: %d",
-		end.Sub(start).Round(time.Millisecond), counts, proxy.Injected.Load(), f.stack.InvokeCount("task-stopped"))
+	t.Logf("faults over after %s: %v; the proxies injected %d faults; task-stopped events: %d",
+		end.Sub(start).Round(time.Millisecond), counts, injected, f.stack.InvokeCount("task-stopped"))
 
 	// Every STARTED connection streams again: one upstream client, and an unexpired
 	// lease held by a worker that is running now.
