@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,9 @@ type Config struct {
 	// Ports: worker slot i listens on BasePort+i; 0 picks free ports.
 	BasePort int
 	Restart  bool // restart exited workers, as an ECS service would
+	// RestartDelay is how long a replacement takes to start; default 1s. ECS takes
+	// tens of seconds, which a benchmark may want to model.
+	RestartDelay time.Duration
 
 	// Reconciler: the real Lambda binary under the runtime emulator. With Bootstrap
 	// empty there is no reconciler (polling mode).
@@ -167,7 +171,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		Bin:     cfg.WorkerBin,
 		LogDir:  filepath.Join(cfg.Dir, "logs"),
 		Log:     cfg.Log,
-		Restart: cfg.Restart, RestartDelay: time.Second,
+		Restart: cfg.Restart, RestartDelay: cmp.Or(cfg.RestartDelay, time.Second),
 		Env: func(slot int, id string, port int) []string {
 			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 			env := append(AWSEnv(cfg.WorkerEndpoint),

@@ -6,6 +6,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,11 +32,15 @@ type Supervisor struct {
 	LogDir       string // each worker's output goes to LogDir/<id>.log; "" discards it
 	Log          *slog.Logger
 
-	mu    sync.Mutex
-	procs map[int]*Proc
-	gen   map[int]int
-	wg    sync.WaitGroup
+	mu      sync.Mutex
+	procs   map[int]*Proc
+	gen     map[int]int
+	stopped bool // set by Stop: nothing starts after it
+	wg      sync.WaitGroup
 }
+
+// errStopped is Start's answer once Stop has begun.
+var errStopped = errors.New("supervisor stopped")
 
 // Proc is one running worker.
 type Proc struct {
@@ -52,13 +57,17 @@ func (p *Proc) Done() <-chan struct{} { return p.done }
 
 // Start launches a worker in slot, with the port given.
 func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
+	// Held until the process is registered, so Stop either sees it or prevents it.
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil, errStopped
+	}
 	if s.procs == nil {
 		s.procs, s.gen = map[int]*Proc{}, map[int]int{}
 	}
 	s.gen[slot]++
 	id := fmt.Sprintf("w%d-%d", slot, s.gen[slot])
-	s.mu.Unlock()
 
 	cmd := exec.Command(s.Bin)
 	cmd.Env = append(os.Environ(), s.Env(slot, id, port)...)
@@ -81,9 +90,7 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 		return nil, fmt.Errorf("start worker %s: %w", id, err)
 	}
 	p := &Proc{Slot: slot, ID: id, Port: port, cmd: cmd, done: make(chan struct{})}
-	s.mu.Lock()
 	s.procs[slot] = p
-	s.mu.Unlock()
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -105,7 +112,7 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 				return
 			case <-time.After(s.RestartDelay):
 			}
-			if _, err := s.Start(ctx, slot, port); err != nil {
+			if _, err := s.Start(ctx, slot, port); err != nil && !errors.Is(err, errStopped) {
 				s.logger().Error("restart worker", "slot", slot, "err", err)
 			}
 		}
@@ -133,7 +140,7 @@ func (s *Supervisor) Signal(slot int, sig syscall.Signal) error {
 // then kills what is left, and waits for all of it.
 func (s *Supervisor) Stop(grace time.Duration) {
 	s.mu.Lock()
-	s.Restart = false
+	s.Restart, s.stopped = false, true
 	procs := make([]*Proc, 0, len(s.procs))
 	for _, p := range s.procs {
 		procs = append(procs, p)
