@@ -103,8 +103,10 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		SkewMargin: cfg.SkewMargin, DrainTimeout: cfg.DrainTimeout,
 		Store:    store,
 		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
-		NewStream: func(id, url string, lastSeq int64) owner.Stream {
-			return stream.New(&sc, id, url, lastSeq)
+		NewStream: func(id, url string, lastSeq int64, valid func() bool) owner.Stream {
+			s := stream.New(&sc, id, url, lastSeq)
+			s.GuardWith(valid)
+			return s
 		},
 		Metrics: m,
 		EMF:     &metrics.EMF{W: d.Stderr, Service: cfg.ServiceName},

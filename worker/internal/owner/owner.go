@@ -94,7 +94,9 @@ type Config struct {
 	// Candidates, if set, lists connections to try in the one start-up pass (see
 	// ScanCandidates), so a fleet that starts cold is not idle until the next event.
 	Candidates func(ctx context.Context) ([]string, error)
-	NewStream  func(id, url string, lastSeq int64) Stream
+	// NewStream makes a connection's stream; valid reports, on the monotonic clock,
+	// whether the lease is still before its fence deadline.
+	NewStream func(id, url string, lastSeq int64, valid func() bool) Stream
 
 	// Polling mode (the seed's design; nil in stream mode). Orphans lists STARTED
 	// connections whose lease is released or expired; it is called every PollInterval
@@ -370,12 +372,19 @@ func (m *Manager) fenced(o *owned) {
 	o.cancel(errFenced)
 }
 
+// beforeFence reports whether o's lease is still before its fence deadline, reading
+// the monotonic clock now rather than trusting the fence timer to have fired.
+func (m *Manager) beforeFence(o *owned) bool {
+	return o.ctx.Err() == nil && time.Since(m.started) < time.Duration(o.renewedAt.Load())+m.fence
+}
+
 // start begins streaming l, whose acquire began at t0. Call with m.mu held.
 func (m *Manager) start(l lease.Lease, t0 time.Time) {
 	ctx, cancel := context.WithCancelCause(m.base)
-	o := &owned{lease: l, s: m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq), ctx: ctx, cancel: cancel}
-	o.written = o.s.Status()
+	o := &owned{lease: l, ctx: ctx, cancel: cancel}
 	o.renewedAt.Store(int64(t0.Sub(m.started)))
+	o.s = m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq, func() bool { return m.beforeFence(o) })
+	o.written = o.s.Status()
 	o.timer = time.AfterFunc(time.Until(t0.Add(m.fence)), func() { m.fenced(o) })
 	m.conns[l.ID] = o
 	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
@@ -386,7 +395,9 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 // unless it is no longer ours.
 func (m *Manager) session(o *owned) {
 	o.s.Run(o.ctx)
-	o.timer.Stop()
+	if o.timer.Stop() && o.ctx.Err() == nil {
+		m.fenced(o) // the stream saw the fence deadline pass before the timer fired
+	}
 	cause := context.Cause(o.ctx)
 	m.mu.Lock()
 	delete(m.conns, o.lease.ID)

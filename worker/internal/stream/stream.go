@@ -156,7 +156,17 @@ type Stream struct {
 	url    atomic.Pointer[string]
 	status atomic.Pointer[Status]
 	redial chan struct{} // the URL changed: drop the socket and dial the new one now
+	valid  func() bool   // nil, or false once the lease is past its fence deadline
 }
+
+// ErrPastFence is returned when a batch was about to reach the sink after the lease's
+// fence deadline: the owner's timer cancels the stream at that deadline, but a reader
+// woken at the same moment (after a pause, say) must not deliver in between.
+var ErrPastFence = errors.New("lease past its fence deadline")
+
+// GuardWith makes every sink write first ask valid, on the owner's monotonic clock,
+// whether the lease still holds. Call before Run.
+func (s *Stream) GuardWith(valid func() bool) { s.valid = valid }
 
 // New returns a stream for connection id, resuming after lastSeq.
 func New(cfg *Config, id, rawURL string, lastSeq int64) *Stream {
@@ -205,8 +215,8 @@ func (s *Stream) setStatus(state string, err error) {
 func (s *Stream) Run(ctx context.Context) {
 	failures := 0
 	for dials := 0; ; dials++ {
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || (s.valid != nil && !s.valid()) {
+			return // past the fence: the owner cancels ctx and gives the lease up
 		}
 		if dials > 0 {
 			s.cfg.Metrics.Reconnects.Add(1)
@@ -356,6 +366,9 @@ func (s *Stream) flushQueued(ctx context.Context, msgs chan sink.Message) {
 // sinkWrite writes batch on a context that survives ctx's cancellation (bounded by
 // SinkTimeout), so a write in flight at a stop completes and is acknowledged.
 func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
+	if s.valid != nil && !s.valid() {
+		return ErrPastFence
+	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SinkTimeout)
 	defer cancel()
 	if err := s.cfg.Sink.Write(wctx, batch); err != nil {

@@ -371,3 +371,26 @@ func FuzzSeqPath(f *testing.F) {
 		}
 	})
 }
+
+// Past its fence deadline a stream delivers nothing more, even while its context is
+// still live (the owner's fence timer has not fired yet, as after a pause).
+func TestNothingReachesTheSinkPastTheFence(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 500, Size: 8})
+	snk := &memSink{}
+	s := New(testConfig(t, snk, "seq"), "f", up.URL("f"), 0)
+	var fenced atomic.Bool
+	s.GuardWith(func() bool { return !fenced.Load() })
+	stop := run(s)
+	defer stop(ErrGraceful)
+	waitFor(t, 5*time.Second, "messages before the fence", func() bool { return len(snk.seqs()) >= 20 })
+	fenced.Store(true)
+	time.Sleep(50 * time.Millisecond) // a write already past the check may finish
+	n, last := len(snk.seqs()), s.LastSeq()
+	time.Sleep(300 * time.Millisecond) // 150 more messages from the upstream meanwhile
+	if got := len(snk.seqs()); got != n {
+		t.Fatalf("%d messages delivered past the fence", got-n)
+	}
+	if s.LastSeq() != last {
+		t.Fatalf("last_seq moved from %d to %d past the fence", last, s.LastSeq())
+	}
+}
