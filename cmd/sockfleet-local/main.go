@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -57,15 +58,17 @@ func main() {
 	flag.DurationVar(&o.sweep, "sweep", time.Minute, "backstop sweep period")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := run(o, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, os.Stdout, log); err != nil {
 		fmt.Fprintln(os.Stderr, "sockfleet-local:", err)
 		os.Exit(1)
 	}
 }
 
-func run(o options, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+// run starts everything, prints what runs where to out, and stops it all, draining
+// the workers, when ctx ends.
+func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error {
 	for _, p := range []string{filepath.Join(o.bin, "worker"), filepath.Join(o.bin, "bootstrap"), o.rie} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%s is missing: run `make run` (it builds it)", p)
@@ -119,7 +122,7 @@ func run(o options, log *slog.Logger) error {
 	}
 	seeded := seed(ctx, db, o.table, up, o.demos, log)
 
-	fmt.Printf(`
+	fmt.Fprintf(out, `
 sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   DynamoDB engine   %s   data in %s
   table             %s   (%d demo connections added now)
