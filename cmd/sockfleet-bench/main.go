@@ -47,6 +47,8 @@ func main() {
 	window := flag.Duration("window", 120*time.Second, "steady-state measuring window (a multiple of the 60 s sweep period)")
 	massConns := flag.Int("mass", 1000, "connections in the mass failover; 0 skips it")
 	keep := flag.Bool("keep", false, "keep the fleets' logs and sinks")
+	restart := flag.Duration("restart-delay", 20*time.Second, "how long a replacement for an exited worker takes to start "+
+		"(an ECS task takes tens of seconds); survivors must cover the gap")
 	from := flag.String("from", "", "render the report and the plot again from this results.json, without running fleets")
 	flag.Parse()
 	if *from != "" {
@@ -57,7 +59,7 @@ func main() {
 		return
 	}
 
-	o := options{trials: *trials, out: *out, window: *window, smallConns: 30, massConns: *massConns, massCap: 300, keep: *keep}
+	o := options{trials: *trials, out: *out, window: *window, smallConns: 30, massConns: *massConns, massCap: 300, keep: *keep, restartDelay: *restart}
 	if *quick {
 		o.trials, o.window, o.smallConns = 2, 20*time.Second, 9
 		if o.massConns > 0 {
@@ -88,6 +90,7 @@ type options struct {
 	smallConns         int
 	massConns, massCap int
 	keep               bool
+	restartDelay       time.Duration
 }
 
 var timings = map[string]string{
@@ -125,7 +128,7 @@ func run(ctx context.Context, o options) error {
 		Machine:   machine(),
 		LoadStart: loadavg(),
 		Trials:    o.trials,
-		WindowSec: o.window.Seconds(),
+		WindowSec: o.window.Seconds(), RestartDelaySec: o.restartDelay.Seconds(),
 	}
 	r := &runner{trials: o.trials, window: o.window, logf: logf}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -135,7 +138,7 @@ func run(ctx context.Context, o options) error {
 		}
 		m := &ModeResult{Mode: mode, Timings: timings[mode], Workers: 3, Conns: o.smallConns, Rate: 5}
 		res.Modes = append(res.Modes, m)
-		spec := fleetSpec{Mode: mode, Workers: 3, Conns: o.smallConns, Rate: 5, Size: 32}
+		spec := fleetSpec{Mode: mode, Workers: 3, Conns: o.smallConns, Rate: 5, Size: 32, RestartDelay: o.restartDelay}
 		logf("%s: starting %d workers, %d connections", mode, spec.Workers, spec.Conns)
 		f, err := startFleet(ctx, bins, spec, filepath.Join(work, mode+"-small"), log)
 		if err != nil {
@@ -152,7 +155,7 @@ func run(ctx context.Context, o options) error {
 			continue
 		}
 		// 1 message per second of 16 bytes: 1,000 streams plus 5 workers fit on 2 cores.
-		spec = fleetSpec{Mode: mode, Workers: 5, Conns: o.massConns, MaxConnections: o.massCap, Rate: 1, Size: 16}
+		spec = fleetSpec{Mode: mode, Workers: 5, Conns: o.massConns, MaxConnections: o.massCap, Rate: 1, Size: 16, RestartDelay: o.restartDelay}
 		m.Mass = &Mass{Workers: spec.Workers, Conns: spec.Conns, MaxConnections: spec.MaxConnections}
 		logf("%s mass: starting %d workers, %d connections, cap %d", mode, spec.Workers, spec.Conns, spec.MaxConnections)
 		f, err = startFleet(ctx, bins, spec, filepath.Join(work, mode+"-mass"), log)

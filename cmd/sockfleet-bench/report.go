@@ -7,19 +7,22 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Results is one run of the benchmark: what the report and the JSON file hold.
 type Results struct {
-	Command   string        `json:"command"`
-	Started   string        `json:"started"`
-	Machine   string        `json:"machine"`
-	LoadStart string        `json:"loadavg_start"`
-	LoadEnd   string        `json:"loadavg_end"`
-	Trials    int           `json:"trials"`
-	WindowSec float64       `json:"steady_window_s"`
-	Plot      string        `json:"plot"`
-	Modes     []*ModeResult `json:"modes"`
+	Command   string  `json:"command"`
+	Started   string  `json:"started"`
+	Machine   string  `json:"machine"`
+	LoadStart string  `json:"loadavg_start"`
+	LoadEnd   string  `json:"loadavg_end"`
+	Trials    int     `json:"trials"`
+	WindowSec float64 `json:"steady_window_s"`
+	// RestartDelaySec is how long the supervisor took to replace an exited worker.
+	RestartDelaySec float64       `json:"restart_delay_s"`
+	Plot            string        `json:"plot"`
+	Modes           []*ModeResult `json:"modes"`
 }
 
 func (r *Results) mode(name string) *ModeResult {
@@ -100,7 +103,7 @@ func WriteReport(w io.Writer, r *Results) {
 
 	p("## Failover gap (%d trials per signal; p99 is nearest-rank, so the largest of up to 100 trials)", r.Trials)
 	p("")
-	p("From the signal to every connection the victim owned streaming elsewhere: exactly one upstream client and a live owner other than the victim. The victim is the worker owning most; the supervisor restarts it, and the next trial waits for 3 workers and every connection streaming.")
+	p("From the signal to every connection the victim owned streaming elsewhere: exactly one upstream client and a live owner other than the victim. The victim is the worker owning most; the supervisor replaces it after %s, as an ECS service starts a new task, so the survivors must cover the gap; the next trial waits for 3 workers and every connection streaming.", time.Duration(r.RestartDelaySec*float64(time.Second)))
 	p("")
 	p("| mode | signal | trials | p50 | p99 | max | victim's connections (min–max) |")
 	p("|---|---|---:|---:|---:|---:|---|")
