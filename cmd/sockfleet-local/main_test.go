@@ -80,6 +80,19 @@ func TestRunStreamsDemoConnectionsAndDrainsOnStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Fleets on one machine take turns (the Lambda emulator's port is fixed), so the
+	// clock starts once this one is up and has printed its banner.
+	for wait := time.Now().Add(10 * time.Minute); !strings.Contains(out.String(), "sockfleet is running locally"); {
+		select {
+		case err := <-done:
+			t.Fatalf("run ended early: %v\n%s", err, out.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(wait) {
+			cancel()
+			t.Fatal("the local fleet did not start within 10 minutes")
+		}
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		owned := 0
