@@ -116,22 +116,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 	}
 	time.Sleep(2 * testRenew) // let sinks catch up with what the upstream sent
-	got, err := fleet.ReadSinks(f.dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dups := 0
-	for _, id := range ids {
-		d := got[id]
-		if d == nil || d.Max == 0 {
-			t.Errorf("%s: nothing delivered", id)
-			continue
-		}
-		if gaps := d.Gaps(); len(gaps) > 0 {
-			t.Errorf("%s: sequence gaps at the sinks: %v (max %d)", id, gaps, d.Max)
-		}
-		dups += d.Duplicates
-	}
+	_, dups := checkSinks(t, f.dir, ids)
 	t.Logf("delivered to sinks with %d duplicates over %d connections", dups, n)
 	if s := strings.TrimSpace(fmt.Sprint(f.stack.InvokeCount("task-stopped"))); s == "0" {
 		t.Error("no task-stopped event reached the reconciler")
