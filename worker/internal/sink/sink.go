@@ -9,7 +9,6 @@
 package sink
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -20,7 +19,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +27,7 @@ import (
 type Message struct {
 	Conn   string // connection id
 	Seq    int64  // sequence number (parsed or counted); for a passed-on bad message, the last good one
+	Epoch  int64  // sequence epoch: 0 until the upstream's numbering first resets
 	Data   []byte
 	Binary bool // a binary frame
 	Bad    bool // passed on although its sequence could not be parsed
@@ -57,19 +57,25 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 	return nil, fmt.Errorf("sink %q: want stdout, file:PATH or an http(s) URL", spec)
 }
 
-// AppendJSON appends m as one JSON line: {"conn":..,"seq":..,"data":..}. Data that is
-// valid JSON is embedded as is; anything else goes base64-encoded in "data_b64".
+// AppendJSON appends m as one JSON line (the record format, docs/SINKS.md):
+// {"conn":..,"seq":..,"epoch":..,"data":..}. Data that is valid JSON is embedded
+// compacted, so a pretty-printed document still makes one line; anything else goes
+// base64-encoded in "data_b64".
 func AppendJSON(b []byte, m Message) []byte {
 	b = append(b, `{"conn":`...)
-	b = strconv.AppendQuote(b, m.Conn)
+	b = appendString(b, m.Conn)
 	b = append(b, `,"seq":`...)
 	b = strconv.AppendInt(b, m.Seq, 10)
+	b = append(b, `,"epoch":`...)
+	b = strconv.AppendInt(b, m.Epoch, 10)
 	if m.Bad {
 		b = append(b, `,"bad":true`...)
 	}
 	if !m.Binary && json.Valid(m.Data) {
 		b = append(b, `,"data":`...)
-		b = append(b, bytes.TrimSpace(m.Data)...)
+		buf := bytes.NewBuffer(b)
+		_ = json.Compact(buf, m.Data) // cannot fail: Data is valid JSON
+		b = buf.Bytes()
 	} else {
 		b = append(b, `,"data_b64":"`...)
 		b = base64.StdEncoding.AppendEncode(b, m.Data)
@@ -78,17 +84,29 @@ func AppendJSON(b []byte, m Message) []byte {
 	return append(b, '}', '\n')
 }
 
-// Writer writes JSON lines to an io.Writer, one buffered write per batch.
+// appendString appends s as a JSON string (strconv.Quote's \x escapes are not JSON).
+func appendString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
+}
+
+// Writer writes JSON lines to an io.Writer, one write per batch. A write that
+// outlives its context is abandoned, not waited for: the batch is reported failed
+// (so it is retried, at least once), and later writes wait for it only as long as
+// their own context allows, so a blocked stdout cannot stall a caller past its
+// timeout. An error leaves nothing behind: the next write starts afresh, after a
+// newline if the failed one stopped mid-line, so every record stays on its own line.
 type Writer struct {
-	mu     sync.Mutex
-	w      *bufio.Writer
-	buf    []byte
+	w      io.Writer
 	closer io.Closer
+	busy   chan struct{} // holds a token while a write is in flight
+	torn   bool          // the last write failed part way through a line (guarded by busy)
+	errors atomic.Int64
 }
 
 // NewWriter returns a sink writing to w; closer (may be nil) is closed by Close.
 func NewWriter(w io.Writer, closer io.Closer) *Writer {
-	return &Writer{w: bufio.NewWriterSize(w, 64<<10), closer: closer}
+	return &Writer{w: w, closer: closer, busy: make(chan struct{}, 1)}
 }
 
 // OpenFile appends JSON lines to the file at path, creating it if needed.
@@ -100,33 +118,58 @@ func OpenFile(path string) (*Writer, error) {
 	return NewWriter(f, f), nil
 }
 
-// Write writes batch and flushes, so a nil return means the OS has the bytes.
-func (s *Writer) Write(_ context.Context, batch []Message) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// Errors is how many writes failed (including those abandoned at their deadline).
+func (s *Writer) Errors() int64 { return s.errors.Load() }
+
+// Write writes batch; a nil return means the OS has every byte.
+func (s *Writer) Write(ctx context.Context, batch []Message) error {
+	select {
+	case s.busy <- struct{}{}:
+	case <-ctx.Done():
+		s.errors.Add(1)
+		return fmt.Errorf("sink write: waiting for an earlier write still blocked: %w", ctx.Err())
+	}
+	var buf []byte
+	if s.torn {
+		buf = append(buf, '\n')
+	}
 	for _, m := range batch {
-		s.buf = AppendJSON(s.buf[:0], m)
-		if _, err := s.w.Write(s.buf); err != nil {
+		buf = AppendJSON(buf, m)
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer func() { <-s.busy }()
+		n, err := s.w.Write(buf)
+		if err == nil && n < len(buf) {
+			err = io.ErrShortWrite
+		}
+		switch {
+		case err == nil:
+			s.torn = false
+		case n > 0:
+			s.torn = buf[n-1] != '\n'
+		} // n == 0: nothing written, the line state is unchanged
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			s.errors.Add(1)
 			return fmt.Errorf("sink write: %w", err)
 		}
+		return nil
+	case <-ctx.Done():
+		s.errors.Add(1)
+		return fmt.Errorf("sink write: %w", ctx.Err())
 	}
-	if err := s.w.Flush(); err != nil {
-		return fmt.Errorf("sink flush: %w", err)
-	}
-	return nil
 }
 
-// Close flushes and closes the underlying file, if any.
+// Close closes the underlying file, if any, without waiting for a blocked write.
 func (s *Writer) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	err := s.w.Flush()
 	if s.closer != nil {
-		if cerr := s.closer.Close(); err == nil {
-			err = cerr
-		}
+		return s.closer.Close()
 	}
-	return err
+	return nil
 }
 
 // HTTP posts each batch as a JSON array (one element per message, in the line
