@@ -16,6 +16,7 @@ const (
 	EnvSkewMargin     = "SOCKFLEET_SKEW_MARGIN"     // e.g. 5s
 	EnvDrainTimeout   = "SOCKFLEET_DRAIN_TIMEOUT"   // e.g. 60s, well under ECS's stopTimeout
 	EnvSink           = "SOCKFLEET_SINK"            // stdout | file:PATH | http(s)://URL
+	EnvSinkTimeout    = "SOCKFLEET_SINK_TIMEOUT"    // one sink write; default min(10s, the sink window)
 	EnvResume         = "SOCKFLEET_RESUME"          // how last_seq is passed upstream
 	EnvSeqPath        = "SOCKFLEET_SEQ_PATH"        // JSON field path of a message's sequence; empty: count
 	EnvBadMessages    = "SOCKFLEET_BAD_MESSAGES"    // count | skip | pass

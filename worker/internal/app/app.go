@@ -79,6 +79,9 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	m := new(metrics.Counters)
 	sc := d.Stream
 	sc.Sink, sc.Metrics, sc.Log = snk, m, d.Log
+	if sc.SinkTimeout == 0 {
+		sc.SinkTimeout = cfg.EffectiveSinkTimeout()
+	}
 	var err error
 	if sc.Resume, err = stream.ParseResume(cfg.Resume); err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/owner"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
@@ -39,7 +40,11 @@ type Config struct {
 	SkewMargin    time.Duration
 	DrainTimeout  time.Duration
 
-	Sink        string // stdout | file:PATH | http(s)://URL
+	Sink string // stdout | file:PATH | http(s)://URL
+	// SinkTimeout bounds one sink write; 0 means min(10s, owner.SinkWindow). It must
+	// fit inside the window, or a write checked just before the fence could land
+	// after another worker may acquire.
+	SinkTimeout time.Duration
 	Resume      string // see stream.ParseResume
 	SeqPath     string // JSON field path of a message's sequence; empty: count messages
 	BadMessages string // count | skip | pass
@@ -119,6 +124,10 @@ func (c *Config) Validate() error {
 		bad(schema.EnvSkewMargin, "%s must be at least 0 and leave more than %s (%s) of the lease (%s)",
 			c.SkewMargin, schema.EnvRenewInterval, c.RenewInterval, c.Lease)
 	}
+	if w := owner.SinkWindow(c.Lease, c.RenewDeadline, c.SkewMargin); w <= 0 || c.SinkTimeout < 0 || c.SinkTimeout > w {
+		bad(schema.EnvSinkTimeout, "%s must be positive and fit in the %s between the fence deadline and the lease less the skew margin",
+			c.SinkTimeout, w)
+	}
 	if c.DrainTimeout <= 0 {
 		bad(schema.EnvDrainTimeout, "%s must be positive", c.DrainTimeout)
 	}
@@ -150,6 +159,14 @@ func (c *Config) Validate() error {
 		bad(schema.EnvWakeupSecret, "%v", err)
 	}
 	return errors.Join(errs...)
+}
+
+// EffectiveSinkTimeout is SinkTimeout, or its default: 10 s, cut to the sink window.
+func (c *Config) EffectiveSinkTimeout() time.Duration {
+	if c.SinkTimeout > 0 {
+		return c.SinkTimeout
+	}
+	return min(10*time.Second, owner.SinkWindow(c.Lease, c.RenewDeadline, c.SkewMargin))
 }
 
 // OpenSink builds the configured sink; the stdout sink writes to stdout.
@@ -210,6 +227,7 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	dur(schema.EnvRenewDeadline, &c.RenewDeadline)
 	dur(schema.EnvSkewMargin, &c.SkewMargin)
 	dur(schema.EnvDrainTimeout, &c.DrainTimeout)
+	dur(schema.EnvSinkTimeout, &c.SinkTimeout)
 	dur(schema.EnvPollInterval, &c.PollInterval)
 	dur(schema.EnvClockOffset, &c.ClockOffset)
 	str(schema.EnvSink, &c.Sink)

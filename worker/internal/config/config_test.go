@@ -107,3 +107,28 @@ func TestPollingModeTakesTheSeedsTimings(t *testing.T) {
 		t.Fatalf("polling defaults %+v", c)
 	}
 }
+
+// A write checked just before the fence must land before another worker may
+// acquire: the sink timeout fits in the lease less the skew margin less the fence.
+func TestSinkTimeoutFitsInsideFenceMargin(t *testing.T) {
+	c := Defaults() // fence 50 s, lease 60 s, skew 5 s: a 5 s window
+	if got := c.EffectiveSinkTimeout(); got != 5*time.Second {
+		t.Errorf("default sink timeout %s, want the 5s window", got)
+	}
+	p := PollingDefaults(Defaults()) // fence 15 s, lease 20 s, skew 2 s: 3 s
+	if got := p.EffectiveSinkTimeout(); got != 3*time.Second {
+		t.Errorf("polling sink timeout %s, want 3s", got)
+	}
+	for _, tc := range []struct {
+		timeout time.Duration
+		ok      bool
+	}{{0, true}, {5 * time.Second, true}, {5*time.Second + 1, false}, {-1, false}} {
+		c := Defaults()
+		c.WorkerID, c.AdvertiseAddr, c.WakeupSecret = "w1", "127.0.0.1:1", []byte(strings.Repeat("k", 32))
+		c.SinkTimeout = tc.timeout
+		err := c.Validate()
+		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "SOCKFLEET_SINK_TIMEOUT")) {
+			t.Errorf("sink timeout %s: %v", tc.timeout, err)
+		}
+	}
+}

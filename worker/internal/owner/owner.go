@@ -372,10 +372,26 @@ func (m *Manager) fenced(o *owned) {
 	o.cancel(errFenced)
 }
 
-// beforeFence reports whether o's lease is still before its fence deadline, reading
-// the monotonic clock now rather than trusting the fence timer to have fired.
+// beforeFence reports whether o is still ours to deliver: its lease is before its
+// fence deadline, read on the monotonic clock now rather than trusting the fence
+// timer to have fired, and it was not cancelled, or cancelled gracefully (a stop or
+// drain, whose flush must still run). A lost, deleted or fenced lease is not ours.
+// This is the one definition the stream's sink-write guard and the graceful flush
+// share; SinkWindow says how long a write that passed it may still take.
 func (m *Manager) beforeFence(o *owned) bool {
-	return o.ctx.Err() == nil && time.Since(m.started) < time.Duration(o.renewedAt.Load())+m.fence
+	if o.ctx.Err() != nil && !errors.Is(context.Cause(o.ctx), stream.ErrGraceful) {
+		return false
+	}
+	return time.Since(m.started) < time.Duration(o.renewedAt.Load())+m.fence
+}
+
+// SinkWindow is the longest a sink write may take when it passed the fence guard
+// just before the fence deadline: from the fence deadline to the earliest moment
+// another worker may acquire (the lease less the skew margin, counted from the same
+// renew start). The sink timeout must not exceed it, or a write could land after
+// another worker took the connection over.
+func SinkWindow(leaseDur, renewDeadline, margin time.Duration) time.Duration {
+	return leaseDur - margin - FenceAfter(leaseDur, renewDeadline, margin)
 }
 
 // start begins streaming l, whose acquire began at t0. Call with m.mu held.

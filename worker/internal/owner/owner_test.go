@@ -410,3 +410,26 @@ func TestConfigTimingRule(t *testing.T) {
 		t.Errorf("FenceAfter = %s, want lease-margin 7s", got)
 	}
 }
+
+// The sink-write guard and the graceful flush agree: after a stop or drain (graceful
+// causes) queued messages may still be delivered until the fence deadline; after a
+// lost lease or a self-fence nothing may.
+func TestStillOursAfterGracefulCancel(t *testing.T) {
+	m := &Manager{fence: time.Minute, started: time.Now()}
+	for cause, want := range map[error]bool{nil: true, errStopped: true, errDraining: true, errInvalid: true,
+		errLost: false, errDeleted: false, errFenced: false} {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		o := &owned{ctx: ctx, cancel: cancel}
+		if cause != nil {
+			cancel(cause)
+		}
+		if got := m.beforeFence(o); got != want {
+			t.Errorf("cause %v: still ours %v, want %v", cause, got, want)
+		}
+		o.renewedAt.Store(int64(-2 * time.Minute)) // past the fence deadline
+		if m.beforeFence(o) {
+			t.Errorf("cause %v: still ours past the fence deadline", cause)
+		}
+		cancel(nil)
+	}
+}
