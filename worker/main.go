@@ -1,12 +1,14 @@
 // Command worker owns upstream WebSocket connections through DynamoDB leases. It is
 // configured by environment variables (see shared/schema/env.go); `worker healthcheck`
 // probes a running worker's /healthz and exits 0 or 1, for the container health
-// check of a distroless image.
+// check of a distroless image; `worker checkconfig` validates the environment as a
+// start would, says what is wrong, and exits 0 or 2 without starting anything.
 package main
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -26,6 +28,9 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck(os.Getenv(schema.EnvListenAddr)))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "checkconfig" {
+		os.Exit(checkConfig(os.Getenv, os.Stderr))
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(os.Getenv(schema.EnvLogLevel))}))
 	if err := run(log); err != nil {
@@ -55,6 +60,17 @@ func run(log *slog.Logger) error {
 		return err
 	}
 	return a.Run(ctx)
+}
+
+// checkConfig loads the configuration from getenv as run does, and reports.
+func checkConfig(getenv func(string) string, out io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := config.Load(ctx, getenv); err != nil {
+		fmt.Fprintln(out, "configuration:", err)
+		return 2
+	}
+	return 0
 }
 
 // healthcheck GETs /healthz on the local listener and returns the exit code.

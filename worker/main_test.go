@@ -127,3 +127,31 @@ func TestProcessStreamsAndDrainsOnSIGTERM(t *testing.T) {
 		t.Fatal("healthcheck passed with no worker running")
 	}
 }
+
+// TestCheckConfig: checkconfig accepts a valid environment and names the variable of
+// a bad one, as a start would, without starting anything.
+func TestCheckConfig(t *testing.T) {
+	base := map[string]string{schema.EnvWakeupSecret: "check-config-secret-0123", schema.EnvWorkerID: "w1"}
+	for _, tc := range []struct {
+		name, key, value string
+		code             int
+		want             string
+	}{
+		{"valid", schema.EnvResume, "none", 0, ""},
+		{"bad duration", schema.EnvLease, "banana", 2, schema.EnvLease},
+		{"bad sink", schema.EnvSink, "ftp://x", 2, "sink"},
+		{"bad mode", schema.EnvMode, "sometimes", 2, schema.EnvMode},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{tc.key: tc.value}
+			for k, v := range base {
+				env[k] = v
+			}
+			var out strings.Builder
+			code := checkConfig(func(k string) string { return env[k] }, &out)
+			if code != tc.code || !strings.Contains(strings.ToLower(out.String()), strings.ToLower(tc.want)) {
+				t.Errorf("checkconfig with %s=%s: exit %d, %q; want exit %d naming %q", tc.key, tc.value, code, out.String(), tc.code, tc.want)
+			}
+		})
+	}
+}

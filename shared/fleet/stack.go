@@ -9,11 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -48,11 +49,14 @@ type Config struct {
 
 	// Reconciler: the real Lambda binary under the runtime emulator. With Bootstrap
 	// empty there is no reconciler (polling mode).
-	Bootstrap     string
-	RIE           string
-	LambdaAddr    string // default 127.0.0.1:9000
-	ReconcilerEnv []string
-	SweepEvery    time.Duration // 0: no sweep
+	Bootstrap  string
+	RIE        string
+	LambdaAddr string // where the emulator takes invocations; default (or port 0): a free port
+	// RuntimeAPIAddr is where the emulator serves the function's runtime API; default:
+	// a free port. Every fleet has its own, so fleets run side by side.
+	RuntimeAPIAddr string
+	ReconcilerEnv  []string
+	SweepEvery     time.Duration // 0: no sweep
 
 	Log *slog.Logger
 }
@@ -65,7 +69,6 @@ type Stack struct {
 	Poller  *streampoller.Poller
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
-	unlock  func()
 	events  sync.Mutex
 	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
 }
@@ -81,6 +84,79 @@ func AWSEnv(endpoint string) []string {
 	}
 }
 
+// WorkerEnviron is the environment of the worker in slot with this id and port, in
+// order of precedence, the later winning:
+//
+//  1. the fleet's defaults, which a user may change: the sink (a file per worker
+//     under Dir/sinks) and SOCKFLEET_SEQ_PATH=seq (the demo upstream's {seq, ts,
+//     payload});
+//  2. cfg.WorkerEnv, which is where explicit worker settings go;
+//  3. what the fleet itself must decide (FleetOwnedEnv): table, worker id,
+//     addresses, wakeup secret and the AWS endpoint settings.
+//
+// SOCKFLEET_* variables of this process's own environment never reach a worker (see
+// Supervisor), so a setting takes effect only when it is passed on purpose.
+func (c Config) WorkerEnviron(slot int, id string, port int) []string {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	env := []string{
+		schema.EnvSink + "=file:" + c.SinkPath(id),
+		schema.EnvSeqPath + "=seq",
+	}
+	if c.WorkerEnv != nil {
+		env = append(env, c.WorkerEnv(slot, id)...)
+	}
+	env = append(env, AWSEnv(cmp.Or(c.WorkerEndpoint, c.Endpoint))...)
+	return append(env,
+		schema.EnvTable+"="+c.Table,
+		schema.EnvWorkerID+"="+id,
+		schema.EnvListenAddr+"="+addr,
+		schema.EnvAdvertiseAddr+"="+addr,
+		schema.EnvWakeupSecret+"="+c.Secret)
+}
+
+// FleetOwnedEnv names the variables WorkerEnviron sets last, whatever else says:
+// passing one of them as a worker setting is a mistake (CheckWorkerEnv says so).
+var FleetOwnedEnv = []string{
+	schema.EnvTable, schema.EnvWorkerID, schema.EnvListenAddr, schema.EnvAdvertiseAddr, schema.EnvWakeupSecret,
+	"AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_DYNAMODB_STREAMS", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+}
+
+// CheckWorkerEnv checks explicit worker settings, NAME=VALUE each: the name must be a
+// variable the worker reads (schema.WorkerEnvVars; any name not starting with
+// SOCKFLEET_ passes, e.g. GODEBUG) and not one the fleet owns, and no name may repeat.
+// The values are the worker's to judge (run the worker's checkconfig).
+func CheckWorkerEnv(env []string) error {
+	seen := map[string]bool{}
+	var errs []error
+	for _, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || name == "" || strings.ContainsAny(name, " \t\n"):
+			errs = append(errs, fmt.Errorf("worker setting %q: want NAME=VALUE", kv))
+		case slices.Contains(FleetOwnedEnv, name):
+			errs = append(errs, fmt.Errorf("worker setting %s: set by the local fleet itself, per worker; it cannot be changed here", name))
+		case strings.HasPrefix(name, "SOCKFLEET_") && !slices.Contains(schema.WorkerEnvVars, name):
+			errs = append(errs, fmt.Errorf("worker setting %s: not a variable the worker reads (see shared/schema/env.go)", name))
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("worker setting %s: given twice", name))
+		}
+		seen[name] = true
+	}
+	return errors.Join(errs...)
+}
+
+// CheckWorkerConfig runs `worker checkconfig` with a worker's environment, so a bad
+// worker setting stops the fleet at start with the worker's own message, rather than
+// every worker failing and being restarted over and over.
+func CheckWorkerConfig(ctx context.Context, cfg Config) error {
+	cmd := exec.CommandContext(ctx, cfg.WorkerBin, "checkconfig")
+	cmd.Env = append(withoutSockfleetVars(os.Environ()), cfg.WorkerEnviron(0, "w0-check", schema.DefaultWakeupPort)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("worker settings: %s (%w)", strings.TrimSpace(string(out)), err)
+	}
+	return nil
+}
+
 // SinkPath is where the worker with id writes its messages.
 func (c Config) SinkPath(id string) string { return filepath.Join(c.Dir, "sinks", id+".jsonl") }
 
@@ -91,14 +167,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		cfg.WorkerEndpoint = cfg.Endpoint
 	}
 	if cfg.LambdaAddr == "" {
-		cfg.LambdaAddr = "127.0.0.1:9000"
-	}
-	if strings.HasSuffix(cfg.LambdaAddr, ":0") {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		cfg.LambdaAddr = strings.TrimSuffix(cfg.LambdaAddr, "0") + strconv.Itoa(port)
+		cfg.LambdaAddr = "127.0.0.1:0"
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -108,16 +177,14 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			return nil, err
 		}
 	}
+	if err := CheckWorkerConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	s := &Stack{cfg: cfg, cancel: cancel, unlock: func() {}, Invokes: map[string]int{}}
+	s := &Stack{cfg: cfg, cancel: cancel, Invokes: map[string]int{}}
 	fail := func(err error) (*Stack, error) { s.Stop(); return nil, err }
 
 	if cfg.Bootstrap != "" {
-		unlock, err := lockEmulator()
-		if err != nil {
-			return fail(err)
-		}
-		s.unlock = unlock
 		lf, err := os.Create(filepath.Join(cfg.Dir, "logs", "reconciler.log"))
 		if err != nil {
 			return fail(err)
@@ -126,7 +193,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			schema.EnvTable+"="+cfg.Table,
 			schema.EnvWakeupSecret+"="+cfg.Secret,
 			schema.EnvClusterARN+"="+ClusterARN(cfg.Cluster))
-		s.Lambda, err = StartEmulator(cfg.RIE, cfg.Bootstrap, cfg.LambdaAddr, append(env, cfg.ReconcilerEnv...), lf)
+		s.Lambda, err = StartEmulator(EmulatorConfig{
+			RIE: cfg.RIE, Bootstrap: cfg.Bootstrap, Addr: cfg.LambdaAddr, RuntimeAPIAddr: cfg.RuntimeAPIAddr,
+			Env: append(env, cfg.ReconcilerEnv...), Log: lf,
+		})
 		if err != nil {
 			return fail(err)
 		}
@@ -172,21 +242,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		LogDir:  filepath.Join(cfg.Dir, "logs"),
 		Log:     cfg.Log,
 		Restart: cfg.Restart, RestartDelay: cmp.Or(cfg.RestartDelay, time.Second),
-		Env: func(slot int, id string, port int) []string {
-			addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-			env := append(AWSEnv(cfg.WorkerEndpoint),
-				schema.EnvTable+"="+cfg.Table,
-				schema.EnvWorkerID+"="+id,
-				schema.EnvListenAddr+"="+addr,
-				schema.EnvAdvertiseAddr+"="+addr,
-				schema.EnvWakeupSecret+"="+cfg.Secret,
-				schema.EnvSink+"=file:"+cfg.SinkPath(id),
-				schema.EnvSeqPath+"=seq") // the demo upstream's {seq, ts, payload}
-			if cfg.WorkerEnv != nil {
-				env = append(env, cfg.WorkerEnv(slot, id)...)
-			}
-			return env
-		},
+		Env: cfg.WorkerEnviron,
 		OnExit: func(slot int, id string, err error) {
 			if s.Lambda == nil {
 				return
@@ -266,21 +322,6 @@ func (s *Stack) Stop() {
 	if s.Lambda != nil {
 		s.Lambda.Stop()
 	}
-	s.unlock()
-}
-
-// lockEmulator takes a machine-wide lock: the emulator's runtime API port is fixed,
-// so two fleets (say, two test binaries) must not run emulators at once.
-func lockEmulator() (func(), error) {
-	f, err := os.OpenFile(filepath.Join(os.TempDir(), "sockfleet-lambda-emulator.lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("lock the Lambda emulator: %w", err)
-	}
-	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
 }
 
 func freePort() (int, error) {

@@ -6,6 +6,8 @@ package fleet
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,15 +15,25 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
 )
 
 // Supervisor runs worker processes, each a separate OS process on its own port.
+//
+// Worker ids never repeat, across restarts of a slot and across supervisors (a new
+// `make run` included), as ECS task ids do not: each is w<slot>-<run>-<n>, where run
+// is the supervisor's start time in base 36 with random digits after it, and n counts
+// the slot's starts. Logs and sinks are named by worker id, so none is ever reused.
 type Supervisor struct {
 	Bin string // the worker binary
-	// Env returns slot i's environment for a worker with this id and listen port.
+	// Env returns slot i's environment for a worker with this id and listen port. A
+	// worker gets this process's environment without its SOCKFLEET_* variables, plus
+	// Env: a worker setting takes effect only when passed on purpose.
 	Env func(slot int, id string, port int) []string
 	// OnExit is called after a worker process exits (any cause), like ECS's
 	// Task State Change (STOPPED) event.
@@ -33,6 +45,7 @@ type Supervisor struct {
 	Log          *slog.Logger
 
 	mu      sync.Mutex
+	run     string // this supervisor's part of every worker id
 	procs   map[int]*Proc
 	gen     map[int]int
 	stopped bool // set by Stop: nothing starts after it
@@ -64,13 +77,13 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 		return nil, errStopped
 	}
 	if s.procs == nil {
-		s.procs, s.gen = map[int]*Proc{}, map[int]int{}
+		s.procs, s.gen, s.run = map[int]*Proc{}, map[int]int{}, runID(time.Now())
 	}
 	s.gen[slot]++
-	id := fmt.Sprintf("w%d-%d", slot, s.gen[slot])
+	id := fmt.Sprintf("w%d-%s-%d", slot, s.run, s.gen[slot])
 
 	cmd := exec.Command(s.Bin)
-	cmd.Env = append(os.Environ(), s.Env(slot, id, port)...)
+	cmd.Env = append(withoutSockfleetVars(os.Environ()), s.Env(slot, id, port)...)
 	// Its own process group: a Ctrl-C in the terminal reaches the supervisor only,
 	// which then drains workers in order instead of all at once.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -159,6 +172,31 @@ func (s *Supervisor) Stop(grace time.Duration) {
 		}
 	}
 	s.wg.Wait()
+}
+
+// runID names one supervisor's run: its start time in milliseconds, base 36 (so ids
+// sort by run), then 16 random bits against two runs starting in the same millisecond.
+func runID(now time.Time) string {
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	return strconv.FormatInt(now.UnixMilli(), 36) + hex.EncodeToString(b[:])
+}
+
+// withoutSockfleetVars drops SOCKFLEET_* entries from env.
+func withoutSockfleetVars(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "SOCKFLEET_") })
+}
+
+// SockfleetVars lists the names of the SOCKFLEET_* entries in env: the settings a
+// worker would once have inherited, which callers may want to warn about.
+func SockfleetVars(env []string) []string {
+	var names []string
+	for _, kv := range env {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "SOCKFLEET_") {
+			names = append(names, name)
+		}
+	}
+	return names
 }
 
 func (s *Supervisor) logger() *slog.Logger {

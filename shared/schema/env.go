@@ -53,6 +53,16 @@ const (
 	EnvClockOffset = "SOCKFLEET_CLOCK_OFFSET"
 )
 
+// WorkerEnvVars names every variable the worker reads, so a tool that passes worker
+// settings through (the local fleet's -worker-env) can refuse a misspelt name. A test
+// of the worker's configuration keeps it complete.
+var WorkerEnvVars = []string{
+	EnvTable, EnvWorkerID, EnvListenAddr, EnvAdvertiseAddr, EnvMaxConnections,
+	EnvLease, EnvRenewInterval, EnvRenewDeadline, EnvSkewMargin, EnvDrainTimeout,
+	EnvSink, EnvSinkTimeout, EnvResume, EnvSeqPath, EnvBadMessages, EnvLogLevel,
+	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
+}
+
 // Worker modes.
 const (
 	ModeStream  = "stream"

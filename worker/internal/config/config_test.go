@@ -132,3 +132,25 @@ func TestSinkTimeoutFitsInsideFenceMargin(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkerEnvVarsListsEveryVariableRead keeps schema.WorkerEnvVars, by which the
+// local fleet refuses misspelt worker settings, in step with what Load reads.
+func TestWorkerEnvVarsListsEveryVariableRead(t *testing.T) {
+	known := map[string]bool{}
+	for _, v := range schema.WorkerEnvVars {
+		known[v] = true
+	}
+	read := map[string]bool{}
+	env := map[string]string{schema.EnvWakeupSecret: secret}
+	if _, err := Load(context.Background(), func(k string) string { read[k] = true; return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	for k := range read {
+		if strings.HasPrefix(k, "SOCKFLEET_") && !known[k] {
+			t.Errorf("Load reads %s, which schema.WorkerEnvVars does not list", k)
+		}
+	}
+	if len(read) < 10 {
+		t.Fatalf("Load read only %v; the recording getenv is not in use", read)
+	}
+}
