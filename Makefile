@@ -35,8 +35,11 @@ local-bin:
 	$(GO) build -o .local/bin/sockfleet ./cmd/sockfleet
 	$(GO) build -o .local/bin/sockfleet-local ./cmd/sockfleet-local
 
+# Flags for sockfleet-local, e.g. make run RUN_ARGS='-worker-env SOCKFLEET_RESUME=none'.
+RUN_ARGS ?=
+
 run: tools local-bin
-	.local/bin/sockfleet-local
+	.local/bin/sockfleet-local $(RUN_ARGS)
 
 test: tools vet fmt-check unit infra-test
 

@@ -18,6 +18,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +42,19 @@ type options struct {
 	lambdaAddr, upstream    string
 	sweep                   time.Duration
 	rate                    float64
+	workerEnv               envList // explicit worker settings, NAME=VALUE
+}
+
+// envList is a repeatable NAME=VALUE flag.
+type envList []string
+
+func (l *envList) String() string { return strings.Join(*l, " ") }
+func (l *envList) Set(kv string) error {
+	if err := fleet.CheckWorkerEnv([]string{kv}); err != nil {
+		return err
+	}
+	*l = append(*l, kv)
+	return nil
 }
 
 func main() {
@@ -48,18 +63,29 @@ func main() {
 	flag.StringVar(&o.table, "table", schema.DefaultTableName, "table name")
 	flag.StringVar(&o.bin, "bin", ".local/bin", "folder with the worker and bootstrap binaries (make local-bin)")
 	flag.StringVar(&o.rie, "rie", ".tools/bin/aws-lambda-rie", "the Lambda runtime interface emulator (make tools)")
-	flag.IntVar(&o.dbPort, "db-port", 8000, "port of the local DynamoDB engine")
+	flag.IntVar(&o.dbPort, "db-port", 8000, "port of the local DynamoDB engine (0: a free one)")
 	flag.IntVar(&o.workers, "workers", 3, "number of worker processes")
-	flag.IntVar(&o.basePort, "base-port", 8081, "worker i listens on base-port+i")
-	flag.StringVar(&o.lambdaAddr, "lambda-addr", "127.0.0.1:9000", "where the emulator serves invocations")
-	flag.StringVar(&o.upstream, "upstream-addr", "127.0.0.1:9100", "the demo upstream's address")
+	flag.IntVar(&o.basePort, "base-port", 8081, "worker i listens on base-port+i (0: free ports)")
+	flag.StringVar(&o.lambdaAddr, "lambda-addr", "127.0.0.1:9000", "where the emulator serves invocations (port 0: a free one); its runtime API always gets a free port")
+	flag.StringVar(&o.upstream, "upstream-addr", "127.0.0.1:9100", "the demo upstream's address (port 0: a free one)")
 	flag.IntVar(&o.demos, "demo", 3, "demo connections to seed (if missing)")
 	flag.Float64Var(&o.rate, "rate", 2, "demo upstream messages per second per stream")
 	flag.DurationVar(&o.sweep, "sweep", time.Minute, "backstop sweep period")
+	flag.Var(&o.workerEnv, "worker-env", "a worker setting NAME=VALUE, e.g. SOCKFLEET_RESUME=none (repeatable); beats the fleet's defaults")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "sockfleet-local: unexpected arguments %q (worker settings go in -worker-env NAME=VALUE)\n", flag.Args())
+		os.Exit(2)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// Workers no longer inherit this process's SOCKFLEET_* variables: say so, rather
+	// than let a setting someone meant for the workers be dropped in silence.
+	if names := fleet.SockfleetVars(os.Environ()); len(names) > 0 {
+		log.Warn("these variables of this environment are not passed to the workers; use -worker-env NAME=VALUE for worker settings",
+			"ignored", strings.Join(names, ","))
+	}
 	if err := run(ctx, o, os.Stdout, log); err != nil {
 		fmt.Fprintln(os.Stderr, "sockfleet-local:", err)
 		os.Exit(1)
@@ -69,10 +95,23 @@ func main() {
 // run starts everything, prints what runs where to out, and stops it all, draining
 // the workers, when ctx ends.
 func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error {
+	if err := fleet.CheckWorkerEnv(o.workerEnv); err != nil {
+		return err
+	}
 	for _, p := range []string{filepath.Join(o.bin, "worker"), filepath.Join(o.bin, "bootstrap"), o.rie} {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%s is missing: run `make run` (it builds it)", p)
 		}
+	}
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	workerBin := abs(filepath.Join(o.bin, "worker"))
+	workerEnv := func(int, string) []string { return o.workerEnv }
+	// Before anything starts: a bad worker setting is reported once, in the worker's words.
+	if err := fleet.CheckWorkerConfig(ctx, fleet.Config{
+		Dir: o.dir, WorkerBin: workerBin, WorkerEnv: workerEnv, Secret: hex.EncodeToString(secret),
+	}); err != nil {
+		return err
 	}
 	if err := os.MkdirAll(filepath.Join(o.dir, "logs"), 0o755); err != nil {
 		return err
@@ -106,16 +145,14 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	defer up.Close()
 
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
 	st, err := fleet.Start(ctx, fleet.Config{
 		Dir: o.dir, Endpoint: engine.Endpoint, Table: o.table, Cluster: "sockfleet-local",
 		Secret:  hex.EncodeToString(secret),
-		Workers: o.workers, WorkerBin: abs(filepath.Join(o.bin, "worker")), BasePort: o.basePort, Restart: true,
+		Workers: o.workers, WorkerBin: workerBin, BasePort: o.basePort, Restart: true,
 		Bootstrap: abs(filepath.Join(o.bin, "bootstrap")), RIE: abs(o.rie), LambdaAddr: o.lambdaAddr,
 		ReconcilerEnv: []string{schema.EnvSweepPeriod + "=" + o.sweep.String()},
 		SweepEvery:    o.sweep, Log: log,
+		WorkerEnv: workerEnv,
 	})
 	if err != nil {
 		return err
@@ -127,8 +164,9 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   DynamoDB engine   %s   data in %s
   table             %s   (%d demo connections added now)
   demo upstream     ws://%s/streams/{id}
-  reconciler        the Lambda binary under the runtime emulator at %s, fed by the stream poller
-  workers           %d processes on 127.0.0.1:%d.. (restarted like an ECS service); logs in %s/logs
+  reconciler        the Lambda binary under the runtime emulator at %s (runtime API %s), fed by the stream poller
+  workers           %s (restarted like an ECS service, each start a new id); logs in %s/logs
+  worker settings   %s
   sweep             every %s
   sinks             %s/sinks/<worker>.jsonl
 
@@ -139,14 +177,35 @@ In another terminal:
   .local/bin/sockfleet conn add feed-1 ws://%[5]s/streams/feed-1
   .local/bin/sockfleet conn stop demo-1                        # closes within a second
   .local/bin/sockfleet conn start demo-1
-  kill -9 $(pgrep -f 'bin/worker' | head -1)                   # failover: watch the owners change
-`, engine.Endpoint, dbPath, o.table, seeded, o.upstream, o.lambdaAddr, o.workers, o.basePort, o.dir, o.sweep, o.dir)
+  kill -9 $(pgrep -f '^%[13]s' | head -1)   # failover: watch the owners change
+`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
+		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, o.dir, workerBin)
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
 	log.Info("stopped")
 	return nil
 }
+
+// workerPorts says where the workers listen.
+func workerPorts(st *fleet.Stack, n int) string {
+	var ports []string
+	for i := range n {
+		if p := st.Sup.Get(i); p != nil {
+			ports = append(ports, strconv.Itoa(p.Port))
+		}
+	}
+	return fmt.Sprintf("%d processes on 127.0.0.1 ports %s", n, strings.Join(ports, ", "))
+}
+
+func workerSettings(env []string) string {
+	if len(env) == 0 {
+		return "the fleet's defaults (-worker-env NAME=VALUE to change one)"
+	}
+	return strings.Join(env, " ") + " (over the fleet's defaults)"
+}
+
+func abs(p string) string { a, _ := filepath.Abs(p); return a }
 
 // seed adds demo connections that do not exist yet.
 func seed(ctx context.Context, db *dynamodb.Client, table string, up *demoupstream.Server, n int, log *slog.Logger) int {

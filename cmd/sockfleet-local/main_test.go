@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -49,99 +52,198 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// TestRunStreamsDemoConnectionsAndDrainsOnStop runs what `make run` runs, with free
-// ports and a temporary folder: the demo connections stream, and stopping drains every
-// worker, so the file-backed table, reopened, shows every lease released with its
-// checkpoint.
-func TestRunStreamsDemoConnectionsAndDrainsOnStop(t *testing.T) {
-	if testing.Short() {
-		t.Skip("runs the local fleet")
+var (
+	buildOnce sync.Once
+	bins      fleet.Binaries
+	buildErr  error
+)
+
+// binaries builds the worker and the reconciler once for the test binary.
+func binaries(t *testing.T) fleet.Binaries {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sockfleet-local-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		bins, buildErr = fleet.Build(dir)
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
+	return bins
+}
+
+// localFleet is one run of what `make run` runs, in a goroutine.
+type localFleet struct {
+	o      options
+	out    lockedBuffer
+	done   chan struct{} // closed when run has returned err
+	err    error
+	cancel context.CancelFunc
+	store  *lease.Store
+	reg    *registry.Registry
+}
+
+// startLocal starts a fleet in its own folder on free ports: every port flag at 0.
+func startLocal(t *testing.T, bins fleet.Binaries, env ...string) *localFleet {
+	t.Helper()
 	dir := t.TempDir()
-	bins, err := fleet.Build(filepath.Join(dir, "bin"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o := options{
-		dir: dir, table: schema.DefaultTableName, bin: filepath.Join(dir, "bin"), rie: bins.RIE,
-		dbPort: freePort(t), workers: 2, basePort: freePort(t), demos: 3, rate: 20, sweep: time.Minute,
-		lambdaAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t)), upstream: fmt.Sprintf("127.0.0.1:%d", freePort(t)),
+	f := &localFleet{
+		o: options{
+			dir: dir, table: schema.DefaultTableName, bin: filepath.Dir(bins.Worker), rie: bins.RIE,
+			dbPort: freePort(t), workers: 2, demos: 3, rate: 20, sweep: time.Minute,
+			lambdaAddr: "127.0.0.1:0", upstream: "127.0.0.1:0", workerEnv: env,
+		},
+		done: make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out lockedBuffer
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, o, &out, slog.New(slog.DiscardHandler)) }()
-
+	f.cancel = cancel
+	go func() { f.err = run(ctx, f.o, &f.out, slog.New(slog.DiscardHandler)); close(f.done) }()
 	db := dynamodb.New(dynamodb.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(fmt.Sprintf("http://127.0.0.1:%d", o.dbPort)),
+		Region: "us-east-1", BaseEndpoint: aws.String(fmt.Sprintf("http://127.0.0.1:%d", f.o.dbPort)),
 		Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
 	})
-	store, err := lease.New(db, lease.Config{Table: o.table})
-	if err != nil {
+	var err error
+	if f.store, err = lease.New(db, lease.Config{Table: f.o.table}); err != nil {
 		t.Fatal(err)
 	}
-	// Fleets on one machine take turns (the Lambda emulator's port is fixed), so the
-	// clock starts once this one is up and has printed its banner.
-	for wait := time.Now().Add(10 * time.Minute); !strings.Contains(out.String(), "sockfleet is running locally"); {
+	f.reg = &registry.Registry{DB: db, Table: f.o.table}
+	t.Cleanup(func() {
+		cancel()
 		select {
-		case err := <-done:
-			t.Fatalf("run ended early: %v\n%s", err, out.String())
-		case <-time.After(100 * time.Millisecond):
+		case <-f.done:
+		case <-time.After(60 * time.Second):
 		}
-		if time.Now().After(wait) {
-			cancel()
-			t.Fatal("the local fleet did not start within 10 minutes")
+	})
+	return f
+}
+
+// streaming counts the demo connections owned with a checkpoint.
+func (f *localFleet) streaming(ctx context.Context) int {
+	n := 0
+	for i := 1; i <= f.o.demos; i++ {
+		if c, err := f.store.Get(ctx, fmt.Sprintf("demo-%d", i)); err == nil && c.Owned() && c.LastSeq > 0 {
+			n++
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		owned := 0
-		for i := 1; i <= o.demos; i++ {
-			if c, err := store.Get(ctx, fmt.Sprintf("demo-%d", i)); err == nil && c.Owned() && c.LastSeq > 0 {
-				owned++
-			}
-		}
-		if owned == o.demos {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("run ended early: %v\n%s", err, out.String())
-		default:
-		}
+	return n
+}
+
+func (f *localFleet) checkRunning(t *testing.T) {
+	t.Helper()
+	select {
+	case <-f.done:
+		t.Fatalf("run ended early: %v\n%s", f.err, f.out.String())
+	default:
+	}
+}
+
+// TestTwoFleetsRunSideBySide runs what `make run` runs twice at once, each with its
+// own folder and free ports (the emulators' runtime APIs included): both fleets'
+// demo connections stream at the same time, the explicit worker setting of one
+// reaches its workers over an inherited variable, and stopping drains every worker,
+// so each file-backed table, reopened, shows every lease released with its checkpoint.
+func TestTwoFleetsRunSideBySide(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two local fleets")
+	}
+	bins := binaries(t)
+	// Inherited by this process, and so once by the workers; never again.
+	t.Setenv(schema.EnvMaxConnections, "1")
+	a := startLocal(t, bins, schema.EnvMaxConnections+"=7")
+	b := startLocal(t, bins)
+	ctx := context.Background()
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for a.streaming(ctx) < a.o.demos || b.streaming(ctx) < b.o.demos {
+		a.checkRunning(t)
+		b.checkRunning(t)
 		if time.Now().After(deadline) {
-			cancel()
-			t.Fatalf("demo connections not streaming with checkpoints after 30s (%d of %d)\n%s", owned, o.demos, out.String())
+			t.Fatalf("both fleets not streaming within 2 minutes: %d and %d of %d\n--- a\n%s\n--- b\n%s",
+				a.streaming(ctx), b.streaming(ctx), a.o.demos, a.out.String(), b.out.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !strings.Contains(out.String(), "sockfleet is running locally") || !strings.Contains(out.String(), "sockfleet watch") {
-		t.Errorf("the banner does not say what runs and what to try:\n%s", out.String())
+	for _, f := range []*localFleet{a, b} {
+		if out := f.out.String(); !strings.Contains(out, "sockfleet is running locally") || !strings.Contains(out, "sockfleet watch") {
+			t.Errorf("the banner does not say what runs and what to try:\n%s", out)
+		}
 	}
-
-	cancel() // Ctrl-C
-	select {
-	case err := <-done:
+	for _, tc := range []struct {
+		f    *localFleet
+		want int
+	}{{a, 7}, {b, 1000}} {
+		ws, _, err := tc.f.reg.List(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("stopping took over 60s")
+		if len(ws) != tc.f.o.workers {
+			t.Errorf("%d workers registered, want %d", len(ws), tc.f.o.workers)
+		}
+		for _, w := range ws {
+			if w.Capacity != tc.want {
+				t.Errorf("worker %s has capacity %d, want %d (-worker-env %v)", w.ID, w.Capacity, tc.want, tc.f.o.workerEnv)
+			}
+		}
 	}
 
-	// The state is on disk: reopen it and find every lease given back with its checkpoint.
-	engine, err := dynoxide.Start(dynoxide.Options{Port: o.dbPort, DBPath: filepath.Join(dir, "dynoxide.db")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer engine.Stop()
-	for i := 1; i <= o.demos; i++ {
-		c, err := store.Get(context.Background(), fmt.Sprintf("demo-%d", i))
+	a.cancel() // Ctrl-C, both
+	b.cancel()
+	for _, f := range []*localFleet{a, b} {
+		select {
+		case <-f.done:
+			if f.err != nil {
+				t.Fatal(f.err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("stopping took over 60s")
+		}
+		// The state is on disk: reopen it and find every lease given back with its checkpoint.
+		engine, err := dynoxide.Start(dynoxide.Options{Port: f.o.dbPort, DBPath: filepath.Join(f.o.dir, "dynoxide.db")})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c.Owned() || c.LastSeq == 0 || c.Status != "released" {
-			t.Errorf("after stop, %s is %+v; want released with its checkpoint", c.ID, c)
+		for i := 1; i <= f.o.demos; i++ {
+			c, err := f.store.Get(ctx, fmt.Sprintf("demo-%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Owned() || c.LastSeq == 0 || c.Status != "released" {
+				t.Errorf("after stop, %s is %+v; want released with its checkpoint", c.ID, c)
+			}
 		}
+		engine.Stop()
+	}
+}
+
+// TestRunRefusesBadWorkerSettings: a bad -worker-env entry stops run at once with a
+// message naming it, before anything starts.
+func TestRunRefusesBadWorkerSettings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the worker")
+	}
+	bins := binaries(t)
+	for _, tc := range []struct{ env, want string }{
+		{schema.EnvLease + "=banana", schema.EnvLease},
+		{schema.EnvWorkerID + "=w9", "set by the local fleet"},
+		{"SOCKFLEET_RESUM=none", "not a variable the worker reads"},
+		{"SOCKFLEET_RESUME", "NAME=VALUE"},
+	} {
+		dir := t.TempDir()
+		o := options{dir: dir, table: schema.DefaultTableName, bin: filepath.Dir(bins.Worker), rie: bins.RIE,
+			dbPort: freePort(t), workers: 1, lambdaAddr: "127.0.0.1:0", upstream: "127.0.0.1:0", workerEnv: envList{tc.env}}
+		err := run(context.Background(), o, io.Discard, slog.New(slog.DiscardHandler))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("-worker-env %s: %v, want an error saying %q", tc.env, err, tc.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "dynoxide.db")); err == nil {
+			t.Errorf("-worker-env %s: the engine started anyway", tc.env)
+		}
+	}
+	var l envList
+	if err := l.Set("SOCKFLEET_WORKER_ID=x"); err == nil {
+		t.Error("the flag accepted a fleet-owned variable")
 	}
 }
