@@ -302,16 +302,25 @@ func newReconciler(stack awscdk.Stack, p reconcilerProps) awslambda.Function {
 			MaxEventAge:   awscdk.Duration_Minutes(jsii.Number(15)),
 		})
 	}
-	// Crash path: a worker task of this cluster stopped. The handler releases its
-	// leases; the releases reach the stream and are reassigned from there.
+	// Crash path: the worker container of a task of this cluster stopped. The
+	// handler releases the task's leases; the releases reach the stream and are
+	// reassigned from there. It matches on the container, not the task: an exited
+	// container is reported STOPPED while its task is still DEACTIVATING or
+	// DEPROVISIONING (tens of seconds), and the process is gone by then, whereas a
+	// task's desiredStatus STOPPED comes while a draining worker still runs. The
+	// containers array matches if any entry has these values, so the handler checks
+	// that one entry is the stopped worker container (handler.TaskEvent.WorkerGone).
 	awsevents.NewRule(stack, jsii.String("TaskStopped"), &awsevents.RuleProps{
-		Description: jsii.String("sockfleet: a worker task stopped; release its leases"),
+		Description: jsii.String("sockfleet: a worker container stopped; release its task's leases"),
 		EventPattern: &awsevents.EventPattern{
 			Source:     jsii.Strings("aws.ecs"),
 			DetailType: jsii.Strings("ECS Task State Change"),
 			Detail: &map[string]any{
 				"clusterArn": []*string{p.cluster.ClusterArn()},
-				"lastStatus": []string{"STOPPED"},
+				"containers": map[string]any{
+					"name":       []string{schema.WorkerContainer},
+					"lastStatus": []string{"STOPPED"},
+				},
 			},
 		},
 		Targets: &[]awsevents.IRuleTarget{target(nil)},
@@ -361,6 +370,8 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
 	})
 	task.AddContainer(jsii.String("worker"), &awsecs.ContainerDefinitionOptions{
+		// The reconciler's task-stopped path looks for this name in ECS events.
+		ContainerName: jsii.String(schema.WorkerContainer),
 		Image: awsecs.ContainerImage_FromAsset(jsii.String(p.repoRoot), &awsecs.AssetImageProps{
 			File:     jsii.String("Dockerfile"),
 			Platform: awsecrassets.Platform_LINUX_ARM64(),

@@ -541,14 +541,20 @@ func TestEventRules(t *testing.T) {
 			"EventPattern": obj{
 				"source":      []any{"aws.ecs"},
 				"detail-type": []any{"ECS Task State Change"},
+				// The worker container's exit, not the task's desiredStatus.
 				"detail": obj{
 					"clusterArn": []any{getAtt(x.cluster, "Arn")},
-					"lastStatus": []any{"STOPPED"},
+					"containers": obj{"name": []any{schema.WorkerContainer}, "lastStatus": []any{"STOPPED"}},
 				},
 			},
 			"Targets": []any{assertions.Match_ObjectLike(&map[string]any{"Arn": getAtt(x.reconciler, "Arn")})},
 		}))
 	})
+	// Nothing about the task's own status: a task asked to stop still runs a draining worker.
+	_, stopped := only(t, j, "AWS::Events::Rule", func(p obj) bool { return p["EventPattern"] != nil })
+	if d, _ := path(stopped, "EventPattern", "detail").(obj); d == nil || d["lastStatus"] != nil || d["desiredStatus"] != nil {
+		t.Errorf("task-stopped rule detail %v: want it to match the worker container, not the task's status", d)
+	}
 	_, sweep := only(t, j, "AWS::Events::Rule", func(p obj) bool { return p["ScheduleExpression"] != nil })
 	wantSame(t, "sweep schedule", sweep["ScheduleExpression"], "rate(1 minute)")
 	wantSame(t, "sweep target", path(sweep, "Targets", 0, "Arn"), getAtt(x.reconciler, "Arn"))
@@ -569,6 +575,7 @@ func TestWorkerTask(t *testing.T) {
 			"RequiresCompatibilities": []any{"FARGATE"},
 			"RuntimePlatform":         obj{"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"},
 			"ContainerDefinitions": []any{assertions.Match_ObjectLike(&map[string]any{
+				"Name":      schema.WorkerContainer, // the name the task-stopped rule and handler match
 				"Essential": true,
 				"HealthCheck": assertions.Match_ObjectLike(&map[string]any{
 					"Command": []any{"CMD", "/worker", "healthcheck"},

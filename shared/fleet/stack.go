@@ -247,8 +247,9 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			if s.Lambda == nil {
 				return
 			}
-			// What ECS does when a task stops: an EventBridge event to the reconciler.
-			ev := TaskStoppedEvent(cfg.Cluster, id, fmt.Sprintf("worker exited: %v", err), time.Now())
+			// What ECS does when a task's worker container exits: an EventBridge event
+			// to the reconciler, sent while the task is still being torn down.
+			ev := WorkerExitedEvent(cfg.Cluster, id, ExitCode(err), fmt.Sprintf("worker exited: %v", err), time.Now())
 			if _, err := s.invoke(context.WithoutCancel(ctx), "task-stopped", ev); err != nil {
 				cfg.Log.Error("task-stopped event", "worker", id, "err", err)
 			}

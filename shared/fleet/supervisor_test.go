@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -120,5 +121,19 @@ func TestSupervisorPassesNoInheritedWorkerSettings(t *testing.T) {
 	}
 	if !slices.Contains(env, "PATH="+os.Getenv("PATH")) {
 		t.Errorf("PATH did not pass through:\n%s", b)
+	}
+}
+
+// TestExitCode: the exit code the local fleet's worker-exited events carry is the
+// one ECS reports: the process's status, or 128+signal when a signal killed it.
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		want   int
+	}{{"exit 0", 0}, {"exit 3", 3}, {"kill -9 $$", 137}, {"kill -15 $$", 143}} {
+		err := exec.Command("/bin/sh", "-c", tc.script).Run()
+		if got := fleet.ExitCode(err); got != tc.want {
+			t.Errorf("%q: exit code %d, want %d (%v)", tc.script, got, tc.want, err)
+		}
 	}
 }

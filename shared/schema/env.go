@@ -63,6 +63,11 @@ var WorkerEnvVars = []string{
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
 }
 
+// WorkerContainer is the name of the worker's container in the ECS task definition.
+// The reconciler releases a task's leases when this container has stopped, not when
+// the task is asked to stop (a draining worker still runs then).
+const WorkerContainer = "worker"
+
 // Worker modes.
 const (
 	ModeStream  = "stream"

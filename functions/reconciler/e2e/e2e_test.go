@@ -146,7 +146,7 @@ func newStack(t *testing.T) *stack {
 				schema.EnvDrainTimeout+"=5s", schema.EnvSink+"=file:"+filepath.Join(logDir, id+".sink"))
 		},
 		// Play ECS: a worker that exits becomes a task-stopped event.
-		OnExit: func(_ int, id string, _ error) {
+		OnExit: func(_ int, id string, exitErr error) {
 			s.mu.Lock()
 			if s.closing {
 				s.mu.Unlock()
@@ -155,7 +155,8 @@ func newStack(t *testing.T) *stack {
 			s.exits.Add(1)
 			s.mu.Unlock()
 			defer s.exits.Done()
-			ev := fleet.TaskStoppedEvent(cluster, id, "Essential container in task exited", time.Now())
+			// The first event ECS sends: the worker container stopped, the task not yet.
+			ev := fleet.WorkerExitedEvent(cluster, id, fleet.ExitCode(exitErr), "Essential container in task exited", time.Now())
 			if _, err := s.h.Handle(context.Background(), ev); err != nil {
 				t.Errorf("task-stopped event for %s: %v", id, err)
 			}

@@ -7,7 +7,10 @@
 //     action and could not be delivered anywhere; a record that will not decode is
 //     logged with its key and skipped, never retried.
 //   - An ECS Task State Change from EventBridge ("detail-type": "ECS Task State
-//     Change") with lastStatus STOPPED, from the configured cluster: the task id is the
+//     Change") from the configured cluster that says the worker process is gone: its
+//     worker container is STOPPED (the task may still be DEACTIVATING, STOPPING or
+//     DEPROVISIONING), or the task is. A task merely asked to stop (desiredStatus
+//     STOPPED) is draining and left alone (TaskEvent.WorkerGone). The task id is the
 //     worker id; its leases are released (conditioned on owner and version) and its
 //     registry item deleted. The releases then reach the workers through the stream.
 //     Duplicate and late events are harmless: task ids are never reused, and releasing
@@ -251,9 +254,10 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 
 // HandleTask handles a task state change.
 func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
-	log := h.d.Log.With("task", ev.TaskARN, "worker", ev.WorkerID, "last_status", ev.LastStatus)
-	if ev.LastStatus != "STOPPED" {
-		log.DebugContext(ctx, "task not stopped yet; ignored")
+	log := h.d.Log.With("task", ev.TaskARN, "worker", ev.WorkerID, "last_status", ev.LastStatus, "desired_status", ev.DesiredStatus)
+	gone, why := ev.WorkerGone()
+	if !gone {
+		log.DebugContext(ctx, "worker container not stopped (running, or draining); ignored")
 		return nil
 	}
 	if ev.ClusterARN != h.cfg.ClusterARN {
@@ -261,7 +265,8 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 		return nil
 	}
 	released, err := h.d.Leases.ReleaseAllOwnedBy(ctx, ev.WorkerID)
-	log.InfoContext(ctx, "released stopped worker's leases", "released", len(released), "ids", released, "reason", ev.StoppedReason)
+	log.InfoContext(ctx, "released stopped worker's leases", "released", len(released), "ids", released,
+		"why", why, "stop_code", ev.StopCode, "reason", ev.StoppedReason)
 	if derr := h.d.Registry.Delete(ctx, ev.WorkerID); derr != nil {
 		err = errors.Join(err, derr)
 	}

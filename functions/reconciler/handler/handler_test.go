@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -235,12 +236,18 @@ func TestStreamLaterRecordSupersedes(t *testing.T) {
 }
 
 func TestTaskEvents(t *testing.T) {
+	// Release when the worker container has exited, whatever the task's own state;
+	// never while it runs, even if the task is asked to stop (it is draining).
 	cases := []struct {
 		file    string
 		release bool
 	}{
-		{"ecs_task_stopped.json", true},
-		{"ecs_task_deprovisioning.json", false},
+		{"ecs_task_crash_deactivating.json", true}, // worker container STOPPED (137), task DEACTIVATING
+		{"ecs_task_deprovisioning.json", true},     // worker container STOPPED, task DEPROVISIONING
+		{"ecs_task_stopped.json", true},            // task STOPPED
+		{"ecs_task_draining.json", false},          // desiredStatus STOPPED, task STOPPING, worker RUNNING: draining
+		{"ecs_task_stop_requested.json", false},    // desiredStatus STOPPED, task DEACTIVATING, worker RUNNING
+		{"ecs_task_sidecar_exited.json", false},    // another container exited; the worker runs on
 		{"ecs_task_other_cluster.json", false},
 	}
 	for _, tc := range cases {
@@ -307,15 +314,28 @@ func TestDecodeTaskEventGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	exit := 137
 	want := TaskEvent{ClusterARN: cluster, TaskARN: "arn:aws:ecs:eu-west-1:111122223333:task/sockfleet/a1b2c3d4e5f60718293a4b5c6d7e8f90",
-		WorkerID: "a1b2c3d4e5f60718293a4b5c6d7e8f90", LastStatus: "STOPPED", StoppedReason: "Essential container in task exited"}
-	if ev != want {
+		WorkerID: "a1b2c3d4e5f60718293a4b5c6d7e8f90", LastStatus: "STOPPED", DesiredStatus: "STOPPED",
+		StopCode: "EssentialContainerExited", StoppedReason: "Essential container in task exited",
+		Containers: []Container{{Name: schema.WorkerContainer, LastStatus: "STOPPED", ExitCode: &exit}}}
+	if !reflect.DeepEqual(ev, want) {
 		t.Errorf("got %+v\nwant %+v", ev, want)
 	}
-	// The event the local supervisor plays decodes the same way.
-	local, err := DecodeTaskEvent(fleet.TaskStoppedEvent("local", "worker-2", "exited", now))
-	if err != nil || local.WorkerID != "worker-2" || local.ClusterARN != fleet.ClusterARN("local") || local.LastStatus != "STOPPED" {
-		t.Errorf("local event %+v, %v", local, err)
+	// The events the local supervisor plays decode the same way, and say the worker is gone.
+	for name, raw := range map[string][]byte{
+		"task stopped":  fleet.TaskStoppedEvent("local", "worker-2", "exited", now),
+		"worker exited": fleet.WorkerExitedEvent("local", "worker-2", 137, "exited", now),
+	} {
+		local, err := DecodeTaskEvent(raw)
+		gone, _ := local.WorkerGone()
+		if err != nil || local.WorkerID != "worker-2" || local.ClusterARN != fleet.ClusterARN("local") || !gone {
+			t.Errorf("local %s event %+v, %v", name, local, err)
+		}
+	}
+	if ev, _ := DecodeTaskEvent(fleet.WorkerExitedEvent("local", "w", 2, "exited", now)); ev.LastStatus == "STOPPED" ||
+		len(ev.Containers) != 1 || ev.Containers[0].ExitCode == nil || *ev.Containers[0].ExitCode != 2 {
+		t.Errorf("the worker-exited event should show the container stopped before the task: %+v", ev)
 	}
 	for _, bad := range []string{
 		`{"detail-type":"ECS Task State Change","detail":{"clusterArn":"c","lastStatus":"STOPPED","taskArn":"arn:aws:ecs:r:a:task/c/"}}`,
@@ -332,7 +352,7 @@ func TestDecodeTaskEventGolden(t *testing.T) {
 }
 
 func FuzzDecodeTaskEvent(f *testing.F) {
-	for _, name := range []string{"ecs_task_stopped.json", "ecs_task_deprovisioning.json", "scheduled_event.json", "sweep.json"} {
+	for _, name := range []string{"ecs_task_stopped.json", "ecs_task_deprovisioning.json", "ecs_task_sidecar_exited.json", "scheduled_event.json", "sweep.json"} {
 		b, _ := os.ReadFile(filepath.Join("testdata", name))
 		f.Add(b)
 	}
@@ -349,7 +369,7 @@ func FuzzDecodeTaskEvent(f *testing.F) {
 }
 
 func FuzzHandle(f *testing.F) {
-	for _, name := range []string{"stream_batch.json", "ecs_task_other_cluster.json", "ecs_task_deprovisioning.json"} {
+	for _, name := range []string{"stream_batch.json", "ecs_task_other_cluster.json", "ecs_task_draining.json"} {
 		b, _ := os.ReadFile(filepath.Join("testdata", name))
 		f.Add(b)
 	}
