@@ -266,14 +266,12 @@ func TestChaos(t *testing.T) {
 			}
 			return proxies[0].Endpoint()
 		},
+		SlotEndpoint: func(slot int) string { return proxies[slot].Endpoint() },
 		WorkerEnv: func(slot int) []string {
-			// The later of two settings of a variable wins (os/exec), so this
-			// replaces the endpoint fleet.Config.WorkerEndpoint gave every worker.
-			env := []string{"AWS_ENDPOINT_URL_DYNAMODB=" + proxies[slot].Endpoint()}
 			if slot == offsetSlot {
-				env = append(env, schema.EnvClockOffset+"="+offset.String())
+				return []string{schema.EnvClockOffset + "=" + offset.String()}
 			}
-			return env
+			return nil
 		},
 	})
 	for _, id := range ids {

@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -43,6 +44,10 @@ func TestWorkerEnvironPrecedence(t *testing.T) {
 		if got, _ := effective(env, name); got != want {
 			t.Errorf("%s = %q, want %q", name, got, want)
 		}
+	}
+	cfg.SlotEndpoint = func(slot int) string { return fmt.Sprintf("http://127.0.0.1:%d", 9000+slot) }
+	if got, _ := effective(cfg.WorkerEnviron(2, "w2-x-1", 8125), "AWS_ENDPOINT_URL_DYNAMODB"); got != "http://127.0.0.1:9002" {
+		t.Errorf("slot 2's endpoint = %q, want its own", got)
 	}
 	cfg.WorkerEnv = nil
 	if got, _ := effective(cfg.WorkerEnviron(0, "w", 1), schema.EnvSeqPath); got != "seq" {

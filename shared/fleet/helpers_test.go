@@ -68,8 +68,10 @@ type fleetOptions struct {
 	// WorkerEndpoint returns the DynamoDB endpoint the workers use, given the engine's
 	// (a FaultProxy in front of it, say); nil: the engine itself.
 	WorkerEndpoint func(engine string) string
-	Rate           float64       // upstream messages per second per stream; default 20
-	ClientTimeout  time.Duration // the upstream drops clients silent this long; default testRenew
+	// SlotEndpoint returns the endpoint of slot's workers, over WorkerEndpoint; may be nil.
+	SlotEndpoint  func(slot int) string
+	Rate          float64       // upstream messages per second per stream; default 20
+	ClientTimeout time.Duration // the upstream drops clients silent this long; default testRenew
 	// WorkerEnv returns extra environment for the worker in slot, after the defaults.
 	WorkerEnv func(slot int) []string
 }
@@ -104,7 +106,7 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 	}
 	dir := t.TempDir()
 	st, err := fleet.Start(context.Background(), fleet.Config{
-		Dir: dir, Endpoint: e.Endpoint, WorkerEndpoint: endpoint, Table: e.Table, Cluster: "test",
+		Dir: dir, Endpoint: e.Endpoint, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
 		Secret: "test-secret-0123456789abcdef", Workers: o.Workers, WorkerBin: b.Worker, Restart: true,
 		Bootstrap: b.Bootstrap, RIE: b.RIE, LambdaAddr: "127.0.0.1:0",
 		WorkerEnv: func(slot int, _ string) []string {

@@ -32,9 +32,12 @@ type Config struct {
 	// WorkerEndpoint is the endpoint workers use; default Endpoint. Chaos runs put a
 	// FaultProxy here.
 	WorkerEndpoint string
-	Table          string
-	Cluster        string // the local "ECS cluster" name
-	Secret         string // the wakeup HMAC key
+	// SlotEndpoint, if set, gives each slot's workers an endpoint of their own (a
+	// FaultProxy per slot, say), over WorkerEndpoint.
+	SlotEndpoint func(slot int) string
+	Table        string
+	Cluster      string // the local "ECS cluster" name
+	Secret       string // the wakeup HMAC key
 
 	Workers   int
 	WorkerBin string
@@ -105,7 +108,11 @@ func (c Config) WorkerEnviron(slot int, id string, port int) []string {
 	if c.WorkerEnv != nil {
 		env = append(env, c.WorkerEnv(slot, id)...)
 	}
-	env = append(env, AWSEnv(cmp.Or(c.WorkerEndpoint, c.Endpoint))...)
+	endpoint := cmp.Or(c.WorkerEndpoint, c.Endpoint)
+	if c.SlotEndpoint != nil {
+		endpoint = c.SlotEndpoint(slot)
+	}
+	env = append(env, AWSEnv(endpoint)...)
 	return append(env,
 		schema.EnvTable+"="+c.Table,
 		schema.EnvWorkerID+"="+id,
