@@ -158,8 +158,13 @@ func CheckWorkerEnv(env []string) error {
 func CheckWorkerConfig(ctx context.Context, cfg Config) error {
 	cmd := exec.CommandContext(ctx, cfg.WorkerBin, "checkconfig")
 	cmd.Env = append(withoutSockfleetVars(os.Environ()), cfg.WorkerEnviron(0, "w0-check", schema.DefaultWakeupPort)...)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
 		return fmt.Errorf("worker settings: %s (%w)", strings.TrimSpace(string(out)), err)
+	case err != nil:
+		return fmt.Errorf("check the worker settings with %s checkconfig: %w", cfg.WorkerBin, err)
 	}
 	return nil
 }
