@@ -19,6 +19,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -61,6 +63,12 @@ type Config struct {
 	Now func() time.Time
 	// ReadBackTimeout bounds the read that resolves an ambiguous write. Default 2s.
 	ReadBackTimeout time.Duration
+	// InvalidRetry, if positive, is how long an unusable item that an acquire won and
+	// gave back stays out of the seed's orphan query (its lease_expires_at_ms is set
+	// that far ahead instead of 0), so polling workers do not take and give it back on
+	// every poll. Stream mode leaves it 0: the reconciler wakes nobody for an unusable
+	// item, and the operator's fix must pass the event filter (a released lease).
+	InvalidRetry time.Duration
 }
 
 // Defaults: a 60 s lease renewed every 20 s costs 180 writes per connection-hour,
@@ -132,62 +140,196 @@ type Progress struct {
 	Error   string
 }
 
-// Acquire takes connection id for worker. It increments lease_version and returns the
-// lease with the item's ws_url and last_seq.
+// Acquire takes connection id for worker and returns the lease with the item's
+// ws_url and last_seq. The new lease_version comes from a hybrid logical clock: at
+// least the stored version + 1 and at least the wall clock in ms (see package doc).
+//
+// The common case is one write: the wall-clock floor, conditioned on the stored
+// version being below it. If the condition failed only because of the version (it is
+// at or above the floor, or an operator made it unusable) a second write follows,
+// conditioned on the version exactly as it was read.
 func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 	if err := validIDs(id, worker); err != nil {
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, err)
 	}
 	now := s.nowMs()
+	try := versionTry{version: now, cond: "(attribute_not_exists(#v) OR #v < :nv)"}
+	for attempt := 0; ; attempt++ {
+		it, old, err := s.acquireOnce(ctx, id, worker, now, try)
+		if err == nil {
+			return s.acquired(ctx, id, worker, it, old)
+		}
+		next, retry := s.versionRetry(old, now)
+		if attempt > 0 || !retry {
+			return Lease{}, err
+		}
+		try = next
+	}
+}
+
+// versionTry is the lease_version an acquire writes and the condition on the stored
+// one that makes it right.
+type versionTry struct {
+	version int64
+	cond    string
+	vals    map[string]types.AttributeValue
+	note    string // a repair to record, naming the field and its value
+}
+
+// acquireOnce makes one acquire write. It returns the item as it is after the write,
+// and the item as it was before it when known; on a refusal, the item as it was.
+func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, try versionTry) (after, before codec.Item, err error) {
 	exp := now + s.cfg.Duration.Milliseconds()
+	set := "SET #o = :me, #e = :exp, #v = :nv, #st = :acq, #sa = :now"
+	vals := map[string]types.AttributeValue{
+		":me": codec.S(worker), ":exp": codec.N(exp), ":zero": codec.N(0), ":nv": codec.N(try.version),
+		":started": codec.S(string(schema.Started)), ":stale": codec.N(now - s.cfg.SkewMargin.Milliseconds()),
+		":acq": codec.S("acquired"), ":now": codec.N(now),
+	}
+	names := names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
+		"#v", schema.AttrLeaseVersion, "#d", schema.AttrDesiredState, "#st", schema.AttrStatus,
+		"#sa", schema.AttrStatusAt, "#se", schema.AttrStatusError)
+	if try.note != "" {
+		set += ", #se = :note, #lr = :lr"
+		vals[":note"], vals[":lr"] = codec.S(try.note), codec.S(repairNote(now, try.note))
+		names["#lr"] = schema.AttrLastRepair
+	} else {
+		set += " REMOVE #se"
+	}
+	for k, v := range try.vals {
+		vals[k] = v
+	}
 	in := &dynamodb.UpdateItemInput{
 		TableName:        &s.cfg.Table,
 		Key:              key(id),
-		UpdateExpression: aws.String("SET #o = :me, #e = :exp, #v = if_not_exists(#v, :zero) + :one, #st = :acq, #sa = :now REMOVE #se"),
+		UpdateExpression: aws.String(set),
 		ConditionExpression: aws.String("attribute_exists(#pk) AND #d = :started AND " +
-			"(attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero OR #e < :stale)"),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-			"#v", schema.AttrLeaseVersion, "#d", schema.AttrDesiredState, "#st", schema.AttrStatus,
-			"#sa", schema.AttrStatusAt, "#se", schema.AttrStatusError),
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":me": codec.S(worker), ":exp": codec.N(exp), ":zero": codec.N(0), ":one": codec.N(1),
-			":started": codec.S(string(schema.Started)), ":stale": codec.N(now - s.cfg.SkewMargin.Milliseconds()),
-			":acq": codec.S("acquired"), ":now": codec.N(now),
-		},
-		ReturnValues:                        types.ReturnValueAllNew,
+			"(attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero OR #e < :stale) AND " + try.cond),
+		ExpressionAttributeNames:            names,
+		ExpressionAttributeValues:           vals,
+		ReturnValues:                        types.ReturnValueAllOld,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	old, err := s.update(ctx, in)
+	if err == nil {
+		after := maps.Clone(old)
+		after[schema.AttrLeaseOwner], after[schema.AttrLeaseExpires], after[schema.AttrLeaseVersion] = vals[":me"], vals[":exp"], vals[":nv"]
+		return after, old, nil
 	}
 	// Our own write, seen later (a retry after a dropped response, or a read-back),
 	// is recognised by owner and the exact expiry we wrote.
-	ours := func(c codec.Connection) bool { return c.LeaseOwner == worker && c.LeaseExpiresAtMs == exp }
-	item, err := s.update(ctx, in)
-	if err != nil {
-		old, cerr := s.resolve(ctx, id, err)
-		switch {
-		case cerr == nil && ours(old):
-			item = codec.EncodeConnection(old)
-		case cerr != nil:
-			return Lease{}, fmt.Errorf("acquire %s: %w", id, cerr)
-		case !isCondition(err) && old.ID != "" && old.DesiredState == schema.Started && !old.Owned():
-			// The write failed before it was applied and the lease is still free: the
-			// table was unavailable, nobody else holds it.
-			return Lease{}, fmt.Errorf("acquire %s: %w: %s", id, ErrUnavailable, translateMsg(err))
-		default:
-			return Lease{}, fmt.Errorf("acquire %s: %w", id, acquireRefusal(old, now))
+	cur, raw, cerr := s.resolve(ctx, id, err)
+	switch {
+	case cerr == nil && cur.LeaseOwner == worker && cur.LeaseExpiresAtMs == exp:
+		return raw, nil, nil
+	case cerr != nil:
+		return nil, nil, fmt.Errorf("acquire %s: %w", id, cerr)
+	case !isCondition(err) && cur.ID != "" && cur.DesiredState == schema.Started && !cur.Owned():
+		// The write failed before it was applied and the lease is still free: the
+		// table was unavailable, nobody else holds it.
+		return nil, nil, fmt.Errorf("acquire %s: %w: %s", id, ErrUnavailable, translateMsg(err))
+	default:
+		return nil, raw, fmt.Errorf("acquire %s: %w", id, acquireRefusal(cur, now))
+	}
+}
+
+// versionRetry decides, from the item a refused acquire saw, whether only the version
+// condition failed, and if so what the second try writes: stored + 1 for a version at
+// or above the floor; for an unusable one (a string, a non-integer), a fresh floor
+// raised by the skew margin (the destroyed value cannot be read, and a version handed
+// out by a worker whose clock runs ahead by up to the margin stays below it).
+func (s *Store) versionRetry(old codec.Item, now int64) (versionTry, bool) {
+	if old == nil || !free(old, now-s.cfg.SkewMargin.Milliseconds()) {
+		return versionTry{}, false
+	}
+	if st, _ := old[schema.AttrDesiredState].(*types.AttributeValueMemberS); st == nil || st.Value != string(schema.Started) {
+		return versionTry{}, false
+	}
+	raw := old[schema.AttrLeaseVersion]
+	v, err := codec.Int(old, schema.AttrLeaseVersion)
+	switch {
+	case raw == nil:
+		return versionTry{}, false // the first try's condition held for it: a race
+	case err == nil && v >= now:
+		return versionTry{version: v + 1, cond: "#v = :ov", vals: map[string]types.AttributeValue{":ov": raw}}, true
+	case err == nil:
+		return versionTry{}, false
+	}
+	fresh := now + s.cfg.SkewMargin.Milliseconds()
+	t := versionTry{version: fresh, note: fmt.Sprintf("%s %s unusable: replaced with %d", schema.AttrLeaseVersion, codec.Describe(raw), fresh)}
+	t.cond, t.vals = valueIs("#v", ":ov", raw)
+	return t, true
+}
+
+// acquired finishes an acquire: it repairs an unusable checkpoint (reset to 0, and
+// said so on the item), gives back an item that cannot be run, and returns the lease.
+func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.Item) (Lease, error) {
+	c, _ := codec.DecodeConnection(it)
+	l := Lease{ID: id, Owner: worker, Version: c.LeaseVersion, ExpiresAtMs: c.LeaseExpiresAtMs, WSURL: c.WSURL, LastSeq: c.LastSeq}
+	var notes []string
+	if ov, err := codec.Int(old, schema.AttrLeaseVersion); err != nil {
+		notes = append(notes, fmt.Sprintf("%s %s unusable: replaced with %d", schema.AttrLeaseVersion, codec.Describe(old[schema.AttrLeaseVersion]), l.Version))
+	} else if ov == 0 && old[schema.AttrLeaseVersion] == nil && old[schema.AttrLeaseOwner] != nil {
+		notes = append(notes, fmt.Sprintf("%s absent on an item owned by %s: replaced with %d", schema.AttrLeaseVersion, codec.Describe(old[schema.AttrLeaseOwner]), l.Version))
+	}
+	if _, err := codec.Int(it, schema.AttrLastSeq); err != nil {
+		// The resume point is gone; starting from 0 replays rather than skips. Say so.
+		notes = append(notes, fmt.Sprintf("%s %s unusable: checkpoint reset to 0, resuming from the start", schema.AttrLastSeq, codec.Describe(it[schema.AttrLastSeq])))
+	}
+	if len(notes) > 0 {
+		note := strings.Join(notes, "; ")
+		if err := s.noteRepair(ctx, l, it[schema.AttrLastSeq], note); err != nil {
+			return Lease{}, fmt.Errorf("acquire %s: record repair: %w", id, err)
+		}
+		if _, err := codec.Int(it, schema.AttrLastSeq); err != nil {
+			it = maps.Clone(it)
+			it[schema.AttrLastSeq] = codec.N(0)
+			l.LastSeq = 0
 		}
 	}
-	c, derr := codec.DecodeConnection(item)
-	if derr != nil {
+	if _, derr := codec.DecodeConnection(it); derr != nil {
 		// The condition cannot check everything (a ws_url without a host, say), so an
-		// unusable item may be won. Give it straight back, recording why; the reconciler
-		// decodes the same way and will not wake anyone for it until it is fixed.
-		l := Lease{ID: id, Owner: worker, Version: c.LeaseVersion, LastSeq: c.LastSeq}
-		if rerr := s.Release(ctx, l, Progress{LastSeq: c.LastSeq, Status: "invalid", Error: derr.Error()}); rerr != nil {
+		// unusable item may be won. Give it back, recording why; the reconciler decodes
+		// the same way and will not wake anyone for it until it is fixed.
+		p := Progress{LastSeq: l.LastSeq, Status: "invalid", Error: derr.Error()}
+		exp := int64(0)
+		if s.cfg.InvalidRetry > 0 {
+			exp = s.nowMs() + s.cfg.InvalidRetry.Milliseconds()
+		}
+		if rerr := s.releaseAt(ctx, l, p, exp); rerr != nil {
 			return Lease{}, fmt.Errorf("acquire %s: %w (and give it back: %v)", id, derr, rerr)
 		}
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, derr)
 	}
-	return Lease{ID: id, Owner: worker, Version: c.LeaseVersion, ExpiresAtMs: c.LeaseExpiresAtMs, WSURL: c.WSURL, LastSeq: c.LastSeq}, nil
+	return l, nil
+}
+
+// noteRepair records a repair found at acquire on the item: status_error and
+// last_repair carry note, and an unusable last_seq (seq is what was read) is reset to
+// 0, only if it is still exactly that value.
+func (s *Store) noteRepair(ctx context.Context, l Lease, seq types.AttributeValue, note string) error {
+	now := s.nowMs()
+	set := "SET #se = :note, #lr = :lr"
+	cond := "#o = :me AND #v = :v"
+	vals := map[string]types.AttributeValue{":me": codec.S(l.Owner), ":v": codec.N(l.Version),
+		":note": codec.S(note), ":lr": codec.S(repairNote(now, note))}
+	nm := names("#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion, "#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair)
+	if _, err := codec.Int(codec.Item{schema.AttrLastSeq: seq}, schema.AttrLastSeq); err != nil {
+		c, v := valueIs("#ls", ":ols", seq)
+		set += ", #ls = :zero"
+		cond += " AND " + c
+		maps.Copy(vals, v)
+		vals[":zero"] = codec.N(0)
+		nm["#ls"] = schema.AttrLastSeq
+	}
+	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
+		TableName: &s.cfg.Table, Key: key(l.ID), UpdateExpression: aws.String(set),
+		ConditionExpression: aws.String(cond), ExpressionAttributeNames: nm, ExpressionAttributeValues: vals,
+	})
+	if err != nil {
+		return translate(err)
+	}
+	return nil
 }
 
 // acquireRefusal says why the acquire condition failed, from the item as it was.
@@ -220,15 +362,21 @@ func (s *Store) Renew(ctx context.Context, l Lease, p Progress) (codec.Connectio
 // Release gives l up (lease_expires_at_ms = 0, owner removed) and stores the final
 // checkpoint, in one write.
 func (s *Store) Release(ctx context.Context, l Lease, p Progress) error {
+	return s.releaseAt(ctx, l, p, 0)
+}
+
+// releaseAt is Release leaving lease_expires_at_ms = exp: 0, or, for an unusable item
+// given back in polling mode, the time before which the seed's orphan query skips it.
+func (s *Store) releaseAt(ctx context.Context, l Lease, p Progress, exp int64) error {
 	now := s.nowMs()
-	set := "SET #e = :zero, #ls = :seq"
-	vals := map[string]types.AttributeValue{":zero": codec.N(0), ":seq": codec.N(p.LastSeq)}
+	set := "SET #e = :rexp, #ls = :seq"
+	vals := map[string]types.AttributeValue{":rexp": codec.N(exp), ":seq": codec.N(p.LastSeq)}
 	if p.Status == "" {
 		p.Status = "released"
 	}
 	set, vals = withStatus(set, vals, p, now)
 	_, err := s.ownerWrite(ctx, "release", l, set+" REMOVE #o", vals, func(c codec.Connection) bool {
-		return c.LeaseOwner == "" && c.LeaseVersion == l.Version && c.LeaseExpiresAtMs == 0 && c.LastSeq == p.LastSeq
+		return c.LeaseOwner == "" && c.LeaseVersion == l.Version && c.LeaseExpiresAtMs == exp && c.LastSeq == p.LastSeq
 	})
 	return err
 }
@@ -244,6 +392,9 @@ func withStatus(set string, vals map[string]types.AttributeValue, p Progress, no
 
 // ownerWrite runs an update conditioned on owner and version. done recognises the
 // item as it is after our write, for when a retry or read-back finds it applied.
+//
+// When the condition fails because of an operator's edit that no acquire could have
+// made, the lease is repaired once and the write retried (see ownerRepair).
 func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update string,
 	vals map[string]types.AttributeValue, done func(codec.Connection) bool) (codec.Connection, error) {
 	if err := validIDs(l.ID, l.Owner); err != nil {
@@ -266,25 +417,105 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 		in.ExpressionAttributeNames["#sa"] = schema.AttrStatusAt
 		in.ExpressionAttributeNames["#se"] = schema.AttrStatusError
 	}
-	item, err := s.update(ctx, in)
-	if err == nil {
-		c, _ := codec.DecodeConnection(item) // an operator's bad edit is the caller's to see in c
-		return c, nil
+	for attempt := 0; ; attempt++ {
+		item, err := s.update(ctx, in)
+		if err == nil {
+			c, _ := codec.DecodeConnection(item) // an operator's bad edit is the caller's to see in c
+			return c, nil
+		}
+		cur, raw, cerr := s.resolve(ctx, l.ID, err)
+		switch {
+		case cerr != nil:
+			return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, cerr)
+		case done(cur):
+			return cur, nil
+		case !isCondition(err) && cur.LeaseOwner == l.Owner && cur.LeaseVersion == l.Version:
+			// Not applied, and still ours: the table was unavailable, the lease is not lost.
+			return codec.Connection{}, fmt.Errorf("%s %s: %w: %s", op, l.ID, ErrUnavailable, translateMsg(err))
+		case cur.ID == "":
+			return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, ErrNotFound)
+		}
+		if attempt == 0 && isCondition(err) {
+			repaired, rerr := s.ownerRepair(ctx, l, raw)
+			if rerr != nil {
+				return codec.Connection{}, fmt.Errorf("%s %s: repair: %w", op, l.ID, rerr)
+			}
+			if repaired {
+				continue
+			}
+		}
+		return codec.Connection{}, fmt.Errorf("%s %s: %w (now %q version %s, had version %d)",
+			op, l.ID, ErrLost, cur.LeaseOwner, codec.Describe(raw[schema.AttrLeaseVersion]), l.Version)
 	}
-	cur, cerr := s.resolve(ctx, l.ID, err)
+}
+
+// ownerRepair puts l back on the item when the item shows an ownership that no acquire
+// made, and reports whether it did. Two cases, each written conditioned on the item
+// being exactly as read:
+//
+//   - lease_version is absent or unusable while lease_owner is l's owner: an acquire
+//     always writes a number and its own owner, so nobody acquired since; the version
+//     is restored.
+//   - a stale whole-item image rolled the lease back: a version below l's (acquires
+//     only raise it), or l's version under another owner (versions never repeat; an
+//     unowned item at l's version is l released, by its owner, the sweep or the crash
+//     path, and stays released). It
+//     is taken back only if the stale lease is one anybody could acquire now
+//     (released, or expired beyond the skew margin) or names this same worker: then
+//     no one streams under it, as an acquire would assume. A stale image with a live
+//     lease of another worker is left alone: l is lost, and the sweep releases the
+//     stale lease at its expiry (its next acquire gets a version above l's).
+func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool, error) {
+	if raw == nil {
+		return false, nil
+	}
+	now := s.nowMs()
+	owner, _ := raw[schema.AttrLeaseOwner].(*types.AttributeValueMemberS)
+	rawV := raw[schema.AttrLeaseVersion]
+	v, verr := codec.Int(raw, schema.AttrLeaseVersion)
+	var set, note string
+	vals := map[string]types.AttributeValue{":me": codec.S(l.Owner), ":mine": codec.N(l.Version)}
+	conds := []string{}
 	switch {
-	case cerr != nil:
-		return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, cerr)
-	case done(cur):
-		return cur, nil
-	case !isCondition(err) && cur.LeaseOwner == l.Owner && cur.LeaseVersion == l.Version:
-		// Not applied, and still ours: the table was unavailable, the lease is not lost.
-		return codec.Connection{}, fmt.Errorf("%s %s: %w: %s", op, l.ID, ErrUnavailable, translateMsg(err))
-	case cur.ID == "":
-		return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, ErrNotFound)
+	case owner != nil && owner.Value == l.Owner && (rawV == nil || verr != nil):
+		note = fmt.Sprintf("%s %s on the lease of %s: restored to %d", schema.AttrLeaseVersion, codec.Describe(rawV), l.Owner, l.Version)
+		set = "SET #v = :mine"
+		conds = append(conds, "#o = :me")
+	case verr == nil && rawV != nil && (v < l.Version || (v == l.Version && owner != nil && owner.Value != l.Owner)) &&
+		(free(raw, now-s.cfg.SkewMargin.Milliseconds()) || (owner != nil && owner.Value == l.Owner)):
+		note = fmt.Sprintf("stale image: %s %s at version %d replaced the lease of %s at version %d; reclaimed",
+			schema.AttrLeaseOwner, codec.Describe(raw[schema.AttrLeaseOwner]), v, l.Owner, l.Version)
+		set = "SET #o = :me, #v = :mine, #e = :exp"
+		vals[":exp"] = codec.N(now + s.cfg.Duration.Milliseconds())
+		c, cv := valueIs("#o", ":oo", raw[schema.AttrLeaseOwner])
+		conds = append(conds, c)
+		maps.Copy(vals, cv)
+		c, cv = valueIs("#e", ":oe", raw[schema.AttrLeaseExpires])
+		conds = append(conds, c)
+		maps.Copy(vals, cv)
 	default:
-		return codec.Connection{}, fmt.Errorf("%s %s: %w (now %q version %d, had version %d)",
-			op, l.ID, ErrLost, cur.LeaseOwner, cur.LeaseVersion, l.Version)
+		return false, nil
+	}
+	c, cv := valueIs("#v", ":ov", rawV)
+	conds = append(conds, c)
+	maps.Copy(vals, cv)
+	vals[":note"], vals[":lr"] = codec.S(note), codec.S(repairNote(now, note))
+	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
+		TableName:        &s.cfg.Table,
+		Key:              key(l.ID),
+		UpdateExpression: aws.String(set + ", #se = :note, #lr = :lr"),
+		ConditionExpression: aws.String("attribute_exists(#pk) AND " + strings.Join(conds, " AND ")),
+		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion,
+			"#e", schema.AttrLeaseExpires, "#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair),
+		ExpressionAttributeValues: vals,
+	})
+	switch {
+	case err == nil:
+		return true, nil
+	case isCondition(err):
+		return false, nil // it changed again; judge the retry's refusal as it comes
+	default:
+		return false, translate(err)
 	}
 }
 
@@ -312,7 +543,13 @@ func (s *Store) ReleaseExpired(ctx context.Context, id, owner string, version in
 	if err == nil {
 		return nil
 	}
-	cur, cerr := s.resolve(ctx, id, err)
+	cur, raw, cerr := s.resolve(ctx, id, err)
+	if cerr == nil && isCondition(err) && cur.LeaseOwner == owner && unusableVersion(raw) {
+		// The version cannot be matched: release on owner and expiry, and the version
+		// exactly as it is, writing a fresh one (as an acquire would).
+		return s.releaseUnusable(ctx, id, owner, raw, "#e > :zero AND #e < :stale", "expired",
+			map[string]types.AttributeValue{":zero": codec.N(0), ":stale": codec.N(stale)})
+	}
 	switch {
 	case cerr != nil:
 		return fmt.Errorf("release expired %s: %w", id, cerr)
@@ -360,7 +597,7 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 			if !ok {
 				continue
 			}
-			cur, err := s.get(ctx, id)
+			cur, raw, err := s.get(ctx, id)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -368,7 +605,11 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 			if cur.LeaseOwner != worker {
 				continue // index lag: released or re-acquired since
 			}
-			err = s.Release(ctx, Lease{ID: id, Owner: worker, Version: cur.LeaseVersion}, Progress{LastSeq: cur.LastSeq, Status: "owner stopped"})
+			if unusableVersion(raw) {
+				err = s.releaseUnusable(ctx, id, worker, raw, "", "owner stopped", nil)
+			} else {
+				err = s.Release(ctx, Lease{ID: id, Owner: worker, Version: cur.LeaseVersion}, Progress{LastSeq: cur.LastSeq, Status: "owner stopped"})
+			}
 			switch {
 			case err == nil:
 				released = append(released, id)
@@ -390,26 +631,107 @@ func (s *Store) Get(ctx context.Context, id string) (codec.Connection, error) {
 	if err := schema.ValidateID(id); err != nil {
 		return codec.Connection{}, fmt.Errorf("get %s: %w", id, err)
 	}
-	c, err := s.get(ctx, id)
+	c, _, err := s.get(ctx, id)
 	if err == nil && c.ID == "" {
 		return c, fmt.Errorf("get %s: %w", id, ErrNotFound)
 	}
 	return c, err
 }
 
-// get returns the item (zero Connection if absent). A decode error is not returned:
-// the lease fields are what lease operations need, and they are kept regardless.
-func (s *Store) get(ctx context.Context, id string) (codec.Connection, error) {
+// get returns the item decoded (zero Connection if absent) and raw. A decode error is
+// not returned: the lease fields are what lease operations need, and they are kept
+// regardless; the raw item says which of them were unusable.
+func (s *Store) get(ctx context.Context, id string) (codec.Connection, codec.Item, error) {
 	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.cfg.Table, Key: key(id), ConsistentRead: aws.Bool(true)})
 	if err != nil {
-		return codec.Connection{}, fmt.Errorf("read %s: %w", id, translate(err))
+		return codec.Connection{}, nil, fmt.Errorf("read %s: %w", id, translate(err))
 	}
 	if out.Item == nil {
-		return codec.Connection{}, nil
+		return codec.Connection{}, nil, nil
 	}
 	c, _ := codec.DecodeConnection(out.Item)
 	c.ID = id
-	return c, nil
+	return c, out.Item, nil
+}
+
+// releaseUnusable releases owner's lease on id whose lease_version is absent or
+// unusable (raw is the item as read), conditioned on the owner, on cond, and on the
+// version being exactly as read. It writes a fresh version (the wall clock raised by
+// the skew margin, as an acquire repairing it would) and a status_error naming the
+// field and its value.
+func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec.Item, cond, status string,
+	vals map[string]types.AttributeValue) error {
+	now := s.nowMs()
+	fresh := now + s.cfg.SkewMargin.Milliseconds()
+	rawV := raw[schema.AttrLeaseVersion]
+	note := fmt.Sprintf("%s %s on the lease of %s: released with version %d", schema.AttrLeaseVersion, codec.Describe(rawV), owner, fresh)
+	vc, vv := valueIs("#v", ":ov", rawV)
+	if vals == nil {
+		vals = map[string]types.AttributeValue{}
+	}
+	maps.Copy(vals, vv)
+	vals[":o"], vals[":rz"], vals[":fresh"], vals[":st"], vals[":now"] = codec.S(owner), codec.N(0), codec.N(fresh), codec.S(status), codec.N(now)
+	vals[":note"], vals[":lr"] = codec.S(note), codec.S(repairNote(now, note))
+	full := "attribute_exists(#pk) AND #o = :o AND " + vc
+	if cond != "" {
+		full += " AND " + cond
+	}
+	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
+		TableName:           &s.cfg.Table,
+		Key:                 key(id),
+		UpdateExpression:    aws.String("SET #e = :rz, #v = :fresh, #st = :st, #sa = :now, #se = :note, #lr = :lr REMOVE #o"),
+		ConditionExpression: aws.String(full),
+		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
+			"#v", schema.AttrLeaseVersion, "#st", schema.AttrStatus, "#sa", schema.AttrStatusAt,
+			"#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair),
+		ExpressionAttributeValues: vals,
+	})
+	switch {
+	case err == nil:
+		return nil
+	case isCondition(err):
+		return fmt.Errorf("release %s (unusable version): %w", id, ErrLost)
+	default:
+		return fmt.Errorf("release %s (unusable version): %w", id, translate(err))
+	}
+}
+
+// unusableVersion: the item names an owner but its lease_version is absent or will
+// not decode, so no owner-and-version condition can match it.
+func unusableVersion(raw codec.Item) bool {
+	if raw == nil || raw[schema.AttrLeaseOwner] == nil {
+		return false
+	}
+	_, err := codec.Int(raw, schema.AttrLeaseVersion)
+	return raw[schema.AttrLeaseVersion] == nil || err != nil
+}
+
+// free mirrors the acquire condition on a raw item: no owner, or a lease that is
+// absent, released, or expired before stale.
+func free(raw codec.Item, stale int64) bool {
+	if raw[schema.AttrLeaseOwner] == nil || raw[schema.AttrLeaseExpires] == nil {
+		return true
+	}
+	e, err := codec.Int(raw, schema.AttrLeaseExpires)
+	return err == nil && (e == 0 || e < stale)
+}
+
+// valueIs is a condition that the attribute (name ref) is exactly v as read: absent,
+// the same number or string, or, for any other type, still not a number or string.
+func valueIs(ref, val string, v types.AttributeValue) (string, map[string]types.AttributeValue) {
+	switch v.(type) {
+	case nil:
+		return "attribute_not_exists(" + ref + ")", nil
+	case *types.AttributeValueMemberN, *types.AttributeValueMemberS:
+		return ref + " = " + val, map[string]types.AttributeValue{val: v}
+	}
+	return fmt.Sprintf("attribute_exists(%[1]s) AND NOT attribute_type(%[1]s, %[2]sn) AND NOT attribute_type(%[1]s, %[2]ss)", ref, val),
+		map[string]types.AttributeValue{val + "n": codec.S("N"), val + "s": codec.S("S")}
+}
+
+// repairNote is the last_repair value: when, and what.
+func repairNote(nowMs int64, note string) string {
+	return time.UnixMilli(nowMs).UTC().Format(time.RFC3339) + " " + note
 }
 
 // conditionFailed carries the item as it was when a condition failed.
@@ -438,27 +760,27 @@ func isCondition(err error) bool {
 // resolve turns a failed write into the item as it now is. A condition failure
 // carries the item; anything else is ambiguous (the write may have been applied), so
 // the item is read back on a fresh context in case ctx is what expired.
-func (s *Store) resolve(ctx context.Context, id string, err error) (codec.Connection, error) {
+func (s *Store) resolve(ctx context.Context, id string, err error) (codec.Connection, codec.Item, error) {
 	var cf conditionFailed
 	if errors.As(err, &cf) {
 		if cf.item == nil {
-			return codec.Connection{}, nil
+			return codec.Connection{}, nil, nil
 		}
 		c, _ := codec.DecodeConnection(cf.item)
 		c.ID = id
-		return c, nil
+		return c, cf.item, nil
 	}
 	var api smithy.APIError
 	if errors.As(err, &api) && api.ErrorFault() == smithy.FaultClient && !retryableCode(api.ErrorCode()) {
-		return codec.Connection{}, fmt.Errorf("%w: %s", ErrInvalid, api.ErrorMessage()) // refused before applying
+		return codec.Connection{}, nil, fmt.Errorf("%w: %s", ErrInvalid, api.ErrorMessage()) // refused before applying
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ReadBackTimeout)
 	defer cancel()
-	c, rerr := s.get(rctx, id)
+	c, raw, rerr := s.get(rctx, id)
 	if rerr != nil {
-		return codec.Connection{}, fmt.Errorf("%w: write: %v; read-back: %v", ErrUnavailable, translateMsg(err), rerr)
+		return codec.Connection{}, nil, fmt.Errorf("%w: write: %v; read-back: %v", ErrUnavailable, translateMsg(err), rerr)
 	}
-	return c, nil
+	return c, raw, nil
 }
 
 func retryableCode(code string) bool {

@@ -36,6 +36,11 @@ const (
 	// Written by the backstop sweep to make the stream carry an unowned item again.
 	AttrNudgedAt = "nudged_at_ms"
 
+	// Written by the lease store when it repairs an operator's edit of a lease field
+	// or a checkpoint (what it found, what it did, when). Nothing else writes it, so a
+	// console user still sees it after later status changes.
+	AttrLastRepair = "last_repair"
+
 	// Worker registry items.
 	AttrAddr             = "addr"
 	AttrCapacity         = "capacity"

@@ -281,3 +281,38 @@ func typeName(v types.AttributeValue) string {
 	}
 	return fmt.Sprintf("%T", v)
 }
+
+// Int reads an optional integer attribute of it (absent or NULL: 0). The error wraps
+// schema.ErrInvalid, names the attribute and says what the value was.
+func Int(it Item, name string) (int64, error) {
+	n, err := num(it, name)
+	if err != nil {
+		return 0, fmt.Errorf("%w (value %s)", err, Describe(it[name]))
+	}
+	return n, nil
+}
+
+// Describe renders an attribute value for a message a person reads, with its type:
+// `S "abc"`, `N 1.5`, `BOOL true`. Long values are clipped; nil is "absent".
+func Describe(v types.AttributeValue) string {
+	const limit = 64
+	clip := func(s string) string {
+		if len(s) > limit {
+			return s[:limit] + "…"
+		}
+		return s
+	}
+	switch v := v.(type) {
+	case nil:
+		return "absent"
+	case *types.AttributeValueMemberS:
+		return "S " + strconv.Quote(clip(v.Value))
+	case *types.AttributeValueMemberN:
+		return "N " + clip(v.Value)
+	case *types.AttributeValueMemberBOOL:
+		return "BOOL " + strconv.FormatBool(v.Value)
+	case *types.AttributeValueMemberNULL:
+		return "NULL"
+	}
+	return typeName(v)
+}
