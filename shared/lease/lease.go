@@ -500,13 +500,17 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 	conds = append(conds, c)
 	maps.Copy(vals, cv)
 	vals[":note"], vals[":lr"] = codec.S(note), codec.S(repairNote(now, note))
+	nm := names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion,
+		"#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair)
+	if strings.Contains(set, "#e") {
+		nm["#e"] = schema.AttrLeaseExpires
+	}
 	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName:        &s.cfg.Table,
-		Key:              key(l.ID),
-		UpdateExpression: aws.String(set + ", #se = :note, #lr = :lr"),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND " + strings.Join(conds, " AND ")),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion,
-			"#e", schema.AttrLeaseExpires, "#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair),
+		TableName:                 &s.cfg.Table,
+		Key:                       key(l.ID),
+		UpdateExpression:          aws.String(set + ", #se = :note, #lr = :lr"),
+		ConditionExpression:       aws.String("attribute_exists(#pk) AND " + strings.Join(conds, " AND ")),
+		ExpressionAttributeNames:  nm,
 		ExpressionAttributeValues: vals,
 	})
 	switch {

@@ -1,0 +1,275 @@
+package lease_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// statusOf returns the raw status_error and last_repair of id.
+func (f *fixture) notes(id string) (statusErr, lastRepair string) {
+	f.t.Helper()
+	it := f.raw(id)
+	if v, ok := it[schema.AttrStatusError].(*types.AttributeValueMemberS); ok {
+		statusErr = v.Value
+	}
+	if v, ok := it[schema.AttrLastRepair].(*types.AttributeValueMemberS); ok {
+		lastRepair = v.Value
+	}
+	return statusErr, lastRepair
+}
+
+// Versions come from a hybrid logical clock: at least the wall clock in ms, at least
+// the stored version + 1, so a stale image that rolls the version back cannot make an
+// acquire hand out a version twice.
+func TestVersionsNeverRepeat(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+
+	t.Run("stored version ahead of the clock", func(t *testing.T) {
+		c := started("ahead")
+		c.LeaseVersion = nowMs() + 3_600_000
+		f.put(c)
+		l, err := s.Acquire(f.ctx, "ahead", "w1")
+		if err != nil || l.Version != c.LeaseVersion+1 {
+			t.Fatalf("acquire: %+v, %v; want version %d", l, err, c.LeaseVersion+1)
+		}
+	})
+
+	t.Run("stale image rolls the version back", func(t *testing.T) {
+		f.put(started("roll"))
+		l0, err := s.Acquire(f.ctx, "roll", "w0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		image := f.raw("roll") // what a console user has open: w0 at l0's version
+		if err := s.Release(f.ctx, l0, lease.Progress{LastSeq: 8}); err != nil {
+			t.Fatal(err)
+		}
+		l1, err := s.Acquire(f.ctx, "roll", "w1")
+		if err != nil || l1.Version <= l0.Version {
+			t.Fatalf("second acquire %+v, %v", l1, err)
+		}
+		if err := s.Release(f.ctx, l1, lease.Progress{LastSeq: 9}); err != nil {
+			t.Fatal(err)
+		}
+		// The old image is written back, with its lease released as an operator
+		// trying to "unstick" it would.
+		image[schema.AttrLeaseExpires] = codec.N(0)
+		delete(image, schema.AttrLeaseOwner)
+		f.putRaw(image)
+		seen := map[int64]bool{l0.Version: true, l1.Version: true}
+		for _, w := range []string{"w2", "w3"} {
+			l, err := s.Acquire(f.ctx, "roll", w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seen[l.Version] || l.Version <= l1.Version {
+				t.Fatalf("%s got version %d; handed out before: %v", w, l.Version, seen)
+			}
+			seen[l.Version] = true
+			if err := s.Release(f.ctx, l, lease.Progress{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
+
+// An operator deletes lease_version or writes it as a string: no owner-and-version
+// condition can match, which used to strand the connection for good.
+func TestUnusableLeaseVersionIsRepaired(t *testing.T) {
+	bad := map[string]func(codec.Item){
+		"deleted":     func(it codec.Item) { delete(it, schema.AttrLeaseVersion) },
+		"string":      func(it codec.Item) { it[schema.AttrLeaseVersion] = codec.S("7") },
+		"non-integer": func(it codec.Item) { it[schema.AttrLeaseVersion] = &types.AttributeValueMemberN{Value: "1.5"} },
+		"bool":        func(it codec.Item) { it[schema.AttrLeaseVersion] = &types.AttributeValueMemberBOOL{Value: true} },
+	}
+	for name, edit := range bad {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t)
+			s := f.store(nil, 0)
+			edited := func(id string) {
+				it := f.raw(id)
+				edit(it)
+				f.putRaw(it)
+			}
+
+			// The holder's next write restores its version instead of stopping on ErrLost.
+			f.put(started("held"))
+			l, err := s.Acquire(f.ctx, "held", "w1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			edited("held")
+			if _, err := s.Renew(f.ctx, l, lease.Progress{LastSeq: 11}); err != nil {
+				t.Fatalf("renew after the edit: %v", err)
+			}
+			if c := f.get("held"); c.LeaseOwner != "w1" || c.LeaseVersion != l.Version || c.LastSeq != 11 {
+				t.Fatalf("after renew: %+v", c)
+			}
+			if se, lr := f.notes("held"); !strings.Contains(se, "lease_version") || !strings.Contains(lr, "restored") {
+				t.Errorf("status_error %q, last_repair %q: want the field named and the repair said", se, lr)
+			}
+
+			// Acquire of a free item whose version is unusable replaces it.
+			f.put(started("free"))
+			if name != "deleted" {
+				edited("free")
+			}
+			la, err := s.Acquire(f.ctx, "free", "w2")
+			if err != nil || la.Version < nowMs()-60_000 {
+				t.Fatalf("acquire: %+v, %v", la, err)
+			}
+			if se, _ := f.notes("free"); name != "deleted" && !strings.Contains(se, "lease_version") {
+				t.Errorf("status_error %q does not name lease_version", se)
+			}
+
+			// The sweep's release of an expired lease (it read version 0 from the decode).
+			c := started("expired")
+			c.LeaseOwner, c.LeaseExpiresAtMs, c.LeaseVersion = "dead", nowMs()-5_000, 3
+			f.put(c)
+			edited("expired")
+			if err := s.ReleaseExpired(f.ctx, "expired", "dead", 0, time.Now()); err != nil {
+				t.Fatalf("release expired: %v", err)
+			}
+			got := f.get("expired")
+			if got.Owned() || got.Status != "expired" || got.LeaseVersion <= 3 {
+				t.Fatalf("after release expired: %+v", got)
+			}
+			// A sweep that read the item before the repair is refused, as for any change
+			// since its scan (the sweep ignores ErrLost).
+			if err := s.ReleaseExpired(f.ctx, "expired", "dead", 0, time.Now()); !errors.Is(err, lease.ErrLost) {
+				t.Errorf("second release expired: %v, want ErrLost", err)
+			}
+
+			// The crash path.
+			c = started("crashed")
+			c.LeaseOwner, c.LeaseExpiresAtMs, c.LeaseVersion = "gone", nowMs()+60_000, 4
+			f.put(c)
+			edited("crashed")
+			ids, err := s.ReleaseAllOwnedBy(f.ctx, "gone")
+			if err != nil || len(ids) != 1 {
+				t.Fatalf("release all: %v, %v", ids, err)
+			}
+			if got := f.get("crashed"); got.Owned() || got.Status != "owner stopped" || got.LeaseVersion == 0 {
+				t.Fatalf("after release all: %+v", got)
+			}
+			if se, _ := f.notes("crashed"); !strings.Contains(se, "lease_version") {
+				t.Errorf("status_error %q does not name lease_version", se)
+			}
+			// And the next acquire still works.
+			if _, err := s.Acquire(f.ctx, "crashed", "w3"); err != nil {
+				t.Fatalf("acquire after the repair: %v", err)
+			}
+		})
+	}
+}
+
+// The issue's scenario: w0 held at v1, w1 took it at v2, then a console edit wrote the
+// old image back (owner w0, version 1, old expiry). w1 must not stop on ErrLost and
+// leave "streaming" on an item nobody streams: the rollback is no acquire's doing, the
+// stale lease is expired, so w1 takes its lease back on its next write.
+func TestStaleImageIsReclaimedByTheHolder(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	f.put(started("s"))
+	l0, _ := s.Acquire(f.ctx, "s", "w0")
+	if _, err := s.Renew(f.ctx, l0, lease.Progress{LastSeq: 3, Status: "streaming"}); err != nil {
+		t.Fatal(err)
+	}
+	image := f.raw("s")
+	image[schema.AttrLeaseExpires] = codec.N(nowMs() - 30_000) // the console image is old
+	if err := s.Release(f.ctx, l0, lease.Progress{LastSeq: 5}); err != nil {
+		t.Fatal(err)
+	}
+	l1, err := s.Acquire(f.ctx, "s", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.putRaw(image)
+
+	c, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 6})
+	if err != nil {
+		t.Fatalf("renew after the stale image: %v", err)
+	}
+	if c.LeaseOwner != "w1" || c.LeaseVersion != l1.Version || c.LastSeq != 6 {
+		t.Fatalf("after renew: %+v", c)
+	}
+	if _, lr := f.notes("s"); !strings.Contains(lr, "stale image") || !strings.Contains(lr, "w0") {
+		t.Errorf("last_repair %q: want the stale image and its owner named", lr)
+	}
+
+	// A stale image naming another worker with a lease still live is not provably
+	// stale to the holder (that lease may be someone's), so the holder stops.
+	image2 := f.raw("s")
+	image2[schema.AttrLeaseOwner] = codec.S("w9")
+	image2[schema.AttrLeaseVersion] = codec.N(l0.Version)
+	image2[schema.AttrLeaseExpires] = codec.N(nowMs() + 60_000)
+	f.putRaw(image2)
+	if _, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 7}); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("renew under a live stale lease: %v, want ErrLost", err)
+	}
+	if c := f.get("s"); c.LeaseOwner != "w9" || c.LastSeq != 6 {
+		t.Fatalf("the refused write changed the item: %+v", c)
+	}
+}
+
+// An undecodable last_seq is reset to 0 only with a status that says so.
+func TestUndecodableCheckpointIsResetAndSaid(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	it := codec.EncodeConnection(started("seq"))
+	it[schema.AttrLastSeq] = codec.S("12x")
+	f.putRaw(it)
+	l, err := s.Acquire(f.ctx, "seq", "w1")
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	if l.LastSeq != 0 {
+		t.Fatalf("lease resumes from %d, want 0", l.LastSeq)
+	}
+	c := f.get("seq")
+	if c.LastSeq != 0 || c.LeaseOwner != "w1" {
+		t.Fatalf("item %+v", c)
+	}
+	se, lr := f.notes("seq")
+	for _, want := range []string{"last_seq", `"12x"`, "reset to 0"} {
+		if !strings.Contains(se, want) || !strings.Contains(lr, want) {
+			t.Errorf("status_error %q / last_repair %q: want %q", se, lr, want)
+		}
+	}
+}
+
+// Polling mode: an unusable item given back leaves the seed's orphan query for
+// InvalidRetry, so the fleet does not take and give it back on every poll.
+func TestInvalidItemGivenBackOutOfThePollingQuery(t *testing.T) {
+	f := newFixture(t)
+	s, err := lease.New(f.env.DB, lease.Config{Table: f.env.Table, Duration: 10 * time.Second, SkewMargin: 2 * time.Second,
+		InvalidRetry: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := started("bad")
+	c.WSURL = "http://up.example/x"
+	f.put(c)
+	if _, err := s.Acquire(f.ctx, "bad", "w1"); !errors.Is(err, lease.ErrInvalid) {
+		t.Fatalf("acquire: %v, want ErrInvalid", err)
+	}
+	it := f.raw("bad")
+	exp, _ := codec.Int(it, schema.AttrLeaseExpires)
+	if d := exp - nowMs(); d < 50_000 || d > 61_000 {
+		t.Fatalf("lease_expires_at_ms %d ms from now, want about InvalidRetry", d)
+	}
+	if se, _ := f.notes("bad"); !strings.Contains(se, "ws_url") || !strings.Contains(se, "http://up.example/x") {
+		t.Errorf("status_error %q: want the field and the value", se)
+	}
+	if _, ok := it[schema.AttrLeaseOwner]; ok {
+		t.Error("given back with an owner")
+	}
+}
