@@ -3,7 +3,8 @@
 // local stream poller applies them, so production and local runs see the same records.
 //
 // What passes: INSERT; REMOVE; a connection released while STARTED
-// (lease_expires_at_ms = 0, or absent); an owned connection turned STOPPED.
+// (lease_expires_at_ms = 0, or absent); an owned connection turned STOPPED; a
+// desired_state that is neither STARTED nor STOPPED (an operator's typo).
 // What never passes: heartbeats and checkpoints (an owned STARTED item whose expiry
 // moves), and worker registry heartbeats, so steady state costs no invocations.
 // A changed ws_url does not pass either: no pattern can compare old and new images,
@@ -41,6 +42,12 @@ var Patterns = []Pattern{
 	newImage(Pattern{
 		schema.AttrDesiredState: s(string(schema.Stopped)),
 		schema.AttrLeaseOwner:   s(Pattern{"exists": true}),
+	}),
+	// An operator's unknown desired_state (a lowercase "started"): the reconciler
+	// writes the problem on the item, or wakes its owner to stop it. Its own report
+	// passes too and is ignored; steady state has no such items.
+	newImage(Pattern{
+		schema.AttrDesiredState: s(Pattern{"anything-but": []any{string(schema.Started), string(schema.Stopped)}}),
 	}),
 }
 

@@ -214,6 +214,11 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	if err == nil {
 		after := maps.Clone(old)
 		after[schema.AttrLeaseOwner], after[schema.AttrLeaseExpires], after[schema.AttrLeaseVersion] = vals[":me"], vals[":exp"], vals[":nv"]
+		after[schema.AttrStatus], after[schema.AttrStatusAt] = vals[":acq"], vals[":now"]
+		delete(after, schema.AttrStatusError)
+		if try.note != "" {
+			after[schema.AttrStatusError], after[schema.AttrLastRepair] = vals[":note"], vals[":lr"]
+		}
 		return after, old, nil
 	}
 	// Our own write, seen later (a retry after a dropped response, or a read-back),

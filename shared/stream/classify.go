@@ -7,7 +7,18 @@
 //     owner removed, while STARTED; an unowned STARTED item the sweep nudged (its
 //     nudged_at_ms changed); a STARTED item whose previous image was unusable.
 //   - Owner must act: STARTED → STOPPED while owned; REMOVE while owned; ws_url
-//     changed while owned by the same owner at the same version.
+//     changed while owned by the same owner at the same version; an owned item an
+//     operator made unusable (the owner stops it and says why on the item).
+//   - Stale image: an ownership no acquire made. Acquires only raise lease_version
+//     and versions never repeat, so a record whose version fell, or whose owner
+//     changed without a higher version, is an outside write of an old image (a
+//     console save). The displaced holder is asked to check (OwnerMustAct, WhyStale):
+//     its lease store takes the lease back if the stale lease is free, else it stops.
+//     If it no longer holds it, the handler repairs the item (Decision.Image): it
+//     releases the stale lease, or, for a stale image already unowned, finds an owner.
+//   - Report invalid: an unowned item an operator made unusable whose status_error
+//     does not say so yet; the handler writes status "invalid" and the problem, naming
+//     the field and the value, on the item (a console user sees it there).
 //   - Ignore: heartbeats, checkpoints, acquisitions, worker items, and the rest.
 //
 // Deliver sends the resulting wakeups. Guarantees: one round never offers an id to two
@@ -33,6 +44,7 @@ const (
 	Ignore Action = iota
 	NeedsOwner
 	OwnerMustAct
+	ReportInvalid
 )
 
 func (a Action) String() string {
@@ -41,6 +53,8 @@ func (a Action) String() string {
 		return "needs_owner"
 	case OwnerMustAct:
 		return "owner_must_act"
+	case ReportInvalid:
+		return "report_invalid"
 	}
 	return "ignore"
 }
@@ -56,6 +70,18 @@ type Decision struct {
 	LeaseVersion int64
 	// Why names the transition, for logs and tests.
 	Why string
+	// Problem, for ReportInvalid and WhyInvalid, says what is unusable, naming the
+	// field and the value.
+	Problem string
+	// Image, for WhyStale, is the lease the stale image left: its owner ("" if none)
+	// and version. LeaseVersion is then the displaced holder's.
+	Image Image
+}
+
+// Image is the lease fields of a stale image.
+type Image struct {
+	Owner   string
+	Version int64
 }
 
 // Transition names (Decision.Why).
@@ -69,6 +95,8 @@ const (
 	WhyStopped      = "stopped"
 	WhyDeleted      = "deleted"
 	WhyURLChanged   = "url changed"
+	WhyInvalid      = "invalid"
+	WhyStale        = "stale image"
 )
 
 // Key returns the partition key of a record, or "" if it has none usable.
@@ -102,7 +130,14 @@ func Classify(r events.DynamoDBEventRecord) (Decision, error) {
 			return Decision{ID: id}, fmt.Errorf("%w record %s (%s): %s without a new image", schema.ErrInvalid, r.EventID, pk, r.EventName)
 		}
 		if curErr != nil {
-			return Decision{ID: id}, fmt.Errorf("record %s (%s) new image: %w", r.EventID, pk, curErr)
+			if cur.ID == "" || schema.ValidateID(cur.ID) != nil {
+				return Decision{ID: id}, fmt.Errorf("record %s (%s) new image: %w", r.EventID, pk, curErr)
+			}
+			if p := operatorProblem(cur); p != nil {
+				return invalid(id, cur, p), nil
+			}
+			// Only fields the lease store repairs (lease_version, last_seq, status) or a
+			// STOPPED item's: judge the record on what was readable.
 		}
 		if oldErr != nil {
 			old = nil // an unusable old image tells nothing: judge by the new one alone
@@ -143,8 +178,61 @@ func removed(id string, old *codec.Connection, oldErr error) (Decision, error) {
 	return Decision{ID: id}, nil
 }
 
+// operatorProblem says what makes a STARTED-or-unknown item impossible to run: an
+// unknown desired_state (a lowercase "started", say) or an unusable ws_url. A STOPPED
+// item has none: nothing runs it, whatever else is wrong.
+func operatorProblem(c *codec.Connection) error {
+	if c.DesiredState == schema.Stopped {
+		return nil
+	}
+	if _, err := schema.ParseState(string(c.DesiredState)); err != nil {
+		return err
+	}
+	return schema.ValidateURL(c.WSURL)
+}
+
+// invalid decides about an item an operator made unusable: its owner must stop it
+// (and say why), or, unowned, it must say why on the item, once.
+func invalid(id string, cur *codec.Connection, problem error) Decision {
+	d := Decision{ID: id, LeaseVersion: cur.LeaseVersion, Problem: problem.Error()}
+	switch {
+	case owned(*cur):
+		d.Action, d.Owner, d.Why = OwnerMustAct, cur.LeaseOwner, WhyInvalid
+	case cur.StatusError != d.Problem:
+		d.Action, d.Why = ReportInvalid, WhyInvalid
+	default:
+		d.Problem = "" // said already: this record is the report itself
+	}
+	return d
+}
+
+// stale reports whether cur's lease is one no acquire made from old: the version
+// fell, or the owner changed without a higher version.
+func stale(old, cur *codec.Connection) bool {
+	if old == nil || old.LeaseVersion == 0 {
+		return false
+	}
+	if cur.LeaseVersion < old.LeaseVersion {
+		return true
+	}
+	return cur.LeaseOwner != "" && cur.LeaseOwner != old.LeaseOwner && cur.LeaseVersion <= old.LeaseVersion
+}
+
 func changed(id string, old, cur *codec.Connection) Decision {
 	d := Decision{ID: id, LeaseVersion: cur.LeaseVersion}
+	if stale(old, cur) && (owned(*old) || owned(*cur)) {
+		// Ask the displaced holder; with none, the stale lease's own owner, who will
+		// answer that it does not hold it (an acquire would have raised the version).
+		d.Action, d.Owner, d.LeaseVersion, d.Why = OwnerMustAct, old.LeaseOwner, old.LeaseVersion, WhyStale
+		if !owned(*old) {
+			d.Owner, d.LeaseVersion = cur.LeaseOwner, cur.LeaseVersion
+		}
+		d.Image = Image{Version: cur.LeaseVersion}
+		if owned(*cur) {
+			d.Image.Owner = cur.LeaseOwner
+		}
+		return d
+	}
 	switch cur.DesiredState {
 	case schema.Started:
 		if !owned(*cur) {

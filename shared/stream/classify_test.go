@@ -60,10 +60,37 @@ var transitions = []struct {
 	// cannot tell that renew from the stop itself, so it passes and is ignored here.
 	{file: "stopped_renewed", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
 
+	// Stale images: an ownership no acquire made (the version fell, or the owner
+	// changed without a higher one). The displaced holder is asked to check.
+	{file: "stale_released", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyStale,
+		Image: Image{Version: 3}}, passes: true},
+	{file: "stale_stopped", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyStale,
+		Image: Image{Owner: "w0", Version: 3}}, passes: true},
+	// An image with a live-looking lease cannot be told from a heartbeat by a filter:
+	// the holder's next owner write catches it (its lease store takes the lease back
+	// when the stale lease is free), or the sweep at its expiry.
+	{file: "stale_owned", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyStale,
+		Image: Image{Owner: "w0", Version: 3}}, passes: false},
+	{file: "stale_over_released", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w0", LeaseVersion: 3, Why: WhyStale,
+		Image: Image{Owner: "w0", Version: 3}}, passes: false},
+	// A deleted lease_version reads as 0: the holder is asked, and its store restores it.
+	{file: "version_deleted_owned", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyStale,
+		Image: Image{Owner: "w1"}}, passes: false},
+
+	// An operator's bad value is said on the item, or its owner stops it and says why.
+	{file: "invalid_state_unowned", want: Decision{Action: ReportInvalid, ID: "c1", LeaseVersion: 3, Why: WhyInvalid,
+		Problem: `invalid desired_state "started": want STARTED or STOPPED`}, passes: true},
+	{file: "invalid_reported", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
+	{file: "invalid_state_owned", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyInvalid,
+		Problem: `invalid desired_state "started": want STARTED or STOPPED`}, passes: true},
+	{file: "malformed_state", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 3, Why: WhyInvalid,
+		Problem: `invalid desired_state "RUNNING": want STARTED or STOPPED`}, passes: true},
+	{file: "malformed_url", want: Decision{Action: ReportInvalid, ID: "c1", Why: WhyInvalid,
+		Problem: `invalid ws_url "http://feed.example/stream": scheme must be ws or wss`}, passes: true},
+	// A lease field the lease store repairs at acquire: judged on what was readable.
+	{file: "malformed_type", want: Decision{ID: "c1"}, passes: true},
+
 	// Unusable: logged with the key and skipped.
-	{file: "malformed_state", want: Decision{ID: "c1"}, bad: true, passes: false},
-	{file: "malformed_url", want: Decision{ID: "c1"}, bad: true, passes: true},
-	{file: "malformed_type", want: Decision{ID: "c1"}, bad: true, passes: true},
 	{file: "malformed_no_key", want: Decision{}, bad: true, passes: true},
 	{file: "malformed_modify_no_new_image", want: Decision{ID: "c1"}, bad: true, passes: false},
 }
@@ -126,11 +153,12 @@ func TestClassifyTransitions(t *testing.T) {
 }
 
 // TestActionableTransitionsPass is the filter's contract: every transition the
-// classifier acts on reaches it, except the two the filter package documents (a URL
-// change, an operator's hand edit of lease_owner), which the owner's renew and the
-// sweep catch instead. And no heartbeat or checkpoint ever invokes the function.
+// classifier acts on reaches it, except those the filter package documents (a URL
+// change, an operator's hand edit of lease_owner or lease_version, a stale image with
+// a live-looking lease), which the owner's next write and the sweep catch instead. And no heartbeat or checkpoint ever invokes the function.
 func TestActionableTransitionsPass(t *testing.T) {
-	excused := map[string]bool{"url_changed": true, "owner_removed": true}
+	excused := map[string]bool{"url_changed": true, "owner_removed": true,
+		"stale_owned": true, "stale_over_released": true, "version_deleted_owned": true}
 	for _, tc := range transitions {
 		if tc.want.Action != Ignore && !tc.passes && !excused[tc.file] {
 			t.Errorf("%s: actionable (%s) but filtered out", tc.file, tc.want.Why)

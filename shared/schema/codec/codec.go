@@ -2,8 +2,9 @@
 //
 // Decoding never panics and never trusts its input: items are partly written by
 // operators in the DynamoDB console. A decode error wraps schema.ErrInvalid and names
-// the attribute; the returned value still carries whatever was readable (at least the
-// id), so callers can log it or show it, but must not act on it.
+// the attribute and its value; the returned value still carries whatever was readable
+// (at least the id; an unknown desired_state as written, which is never STARTED), so
+// callers can log it or show it, but must not act on it.
 package codec
 
 import (
@@ -107,6 +108,9 @@ func DecodeConnection(it Item) (Connection, error) {
 	state, err := str(it, schema.AttrDesiredState, true)
 	if err == nil {
 		c.DesiredState, err = schema.ParseState(state)
+		if err != nil {
+			c.DesiredState = schema.State(state) // kept as written, so it can be shown; never Started
+		}
 	}
 	d.keep(err)
 	rawURL, err := str(it, schema.AttrWSURL, true)
@@ -255,7 +259,7 @@ func isNull(v types.AttributeValue) bool {
 }
 
 func typeErr(name, want string, v types.AttributeValue) error {
-	return fmt.Errorf("%w %s: type %s, want %s", schema.ErrInvalid, name, typeName(v), want)
+	return fmt.Errorf("%w %s: type %s, want %s (value %s)", schema.ErrInvalid, name, typeName(v), want, Describe(v))
 }
 
 func typeName(v types.AttributeValue) string {
@@ -283,14 +287,8 @@ func typeName(v types.AttributeValue) string {
 }
 
 // Int reads an optional integer attribute of it (absent or NULL: 0). The error wraps
-// schema.ErrInvalid, names the attribute and says what the value was.
-func Int(it Item, name string) (int64, error) {
-	n, err := num(it, name)
-	if err != nil {
-		return 0, fmt.Errorf("%w (value %s)", err, Describe(it[name]))
-	}
-	return n, nil
-}
+// schema.ErrInvalid and names the attribute and its value.
+func Int(it Item, name string) (int64, error) { return num(it, name) }
 
 // Describe renders an attribute value for a message a person reads, with its type:
 // `S "abc"`, `N 1.5`, `BOOL true`. Long values are clipped; nil is "absent".
