@@ -273,3 +273,64 @@ func TestInvalidItemGivenBackOutOfThePollingQuery(t *testing.T) {
 		t.Error("given back with an owner")
 	}
 }
+
+// The reconciler's writes for operator edits, against the engine.
+func TestReportInvalidAndReleaseStale(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+
+	it := codec.EncodeConnection(started("typo"))
+	it[schema.AttrDesiredState] = codec.S("started")
+	f.putRaw(it)
+	const problem = `invalid desired_state "started": want STARTED or STOPPED`
+	if err := s.ReportInvalid(f.ctx, "typo", problem); err != nil {
+		t.Fatal(err)
+	}
+	got := f.raw("typo")
+	if st, _ := got[schema.AttrStatus].(*types.AttributeValueMemberS); st == nil || st.Value != "invalid" {
+		t.Errorf("status %v", got[schema.AttrStatus])
+	}
+	if se, _ := f.notes("typo"); se != problem {
+		t.Errorf("status_error %q", se)
+	}
+	at, _ := codec.Int(got, schema.AttrStatusAt)
+	// Said already: no second write (status_at_ms stays), so its record is not news.
+	time.Sleep(5 * time.Millisecond)
+	if err := s.ReportInvalid(f.ctx, "typo", problem); err != nil {
+		t.Fatal(err)
+	}
+	if at2, _ := codec.Int(f.raw("typo"), schema.AttrStatusAt); at2 != at {
+		t.Errorf("a second report rewrote the item (%d → %d)", at, at2)
+	}
+	// An owned item is its owner's to report.
+	f.put(started("owned"))
+	l, _ := s.Acquire(f.ctx, "owned", "w1")
+	if err := s.ReportInvalid(f.ctx, "owned", problem); err != nil {
+		t.Fatal(err)
+	}
+	if se, _ := f.notes("owned"); se != "" {
+		t.Errorf("owned item got status_error %q", se)
+	}
+	if err := s.ReportInvalid(f.ctx, "owned", ""); !errors.Is(err, lease.ErrInvalid) {
+		t.Errorf("empty problem: %v", err)
+	}
+
+	// A stale lease of w0 at a version below the holder's: released, version above both.
+	c := started("stale")
+	c.LeaseOwner, c.LeaseExpiresAtMs, c.LeaseVersion = "w0", nowMs()+60_000, 3
+	f.put(c)
+	if err := s.ReleaseStale(f.ctx, "stale", "w0", 4, l.Version); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("release of a lease the record did not show: %v, want ErrLost", err)
+	}
+	if err := s.ReleaseStale(f.ctx, "stale", "w0", 3, l.Version); err != nil {
+		t.Fatal(err)
+	}
+	after := f.get("stale")
+	if after.Owned() || after.LeaseVersion <= l.Version || after.Status != "repaired" || !strings.Contains(after.StatusError, "stale image") {
+		t.Fatalf("after release stale: %+v", after)
+	}
+	next, err := s.Acquire(f.ctx, "stale", "w2")
+	if err != nil || next.Version <= after.LeaseVersion {
+		t.Fatalf("acquire after the repair: %+v, %v", next, err)
+	}
+}

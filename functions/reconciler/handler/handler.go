@@ -3,7 +3,8 @@
 //
 //   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
 //     each record is classified (shared/stream) and the workers that must act are
-//     woken. The answer lists, by SequenceNumber, only the records that still need
+//     woken; an unusable item's problem is written on the item, and a stale image is
+//     repaired once its displaced holder no longer holds the lease. The answer lists, by SequenceNumber, only the records that still need
 //     action and could not be delivered anywhere; a record that will not decode is
 //     logged with its key and skipped, never retried.
 //   - An ECS Task State Change from EventBridge ("detail-type": "ECS Task State
@@ -31,14 +32,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/shared/emf"
+	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/stream"
 	"github.com/sockfleet/sockfleet/shared/sweep"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
 // Registry is the worker registry (*registry.Registry).
@@ -47,9 +51,11 @@ type Registry interface {
 	Delete(ctx context.Context, id string) error
 }
 
-// Leases releases a dead worker's leases (*lease.Store).
+// Leases releases a dead worker's leases and repairs operator edits (*lease.Store).
 type Leases interface {
 	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
+	ReleaseStale(ctx context.Context, id, owner string, version, holderVersion int64) error
+	ReportInvalid(ctx context.Context, id, problem string) error
 }
 
 // Sweeper runs the backstop sweep (*sweep.Sweeper).
@@ -233,6 +239,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 		log.ErrorContext(ctx, "list workers; the batch's actionable records will be retried", "err", err)
 	} else {
 		out = h.delivery.Deliver(ctx, workers, now, ds)
+		h.repair(ctx, workers, now, ds, out)
 	}
 	for _, id := range order {
 		o, ok := out[id]
@@ -250,6 +257,44 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	}
 	h.metric(ctx, now, emf.Metric{Name: schema.MetricWakeupsUndelivered, Unit: emf.Count, Value: float64(len(resp.BatchItemFailures))})
 	return resp, nil
+}
+
+// repair finishes what delivery cannot: it writes an unusable item's problem on the
+// item, and repairs a stale image whose displaced holder no longer holds the lease
+// (it answered so, or is not a live member) — releasing the stale lease, or, for a
+// stale image already unowned, finding an owner. A holder that still holds it has
+// taken it back itself (AlreadyOwned); one that is draining releases it itself.
+func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.Time, ds []stream.Decision, out map[string]stream.Outcome) {
+	var needs []stream.Decision
+	for _, d := range ds {
+		switch o := out[d.ID]; {
+		case d.Action == stream.ReportInvalid:
+			if err := h.d.Leases.ReportInvalid(ctx, d.ID, d.Problem); err != nil {
+				out[d.ID] = stream.Outcome{Why: "report invalid: " + err.Error()}
+				continue
+			}
+			out[d.ID] = stream.Outcome{Done: true, Why: "reported on the item: " + d.Problem}
+		case d.Why != stream.WhyStale || !o.Done:
+		case o.Result != "" && o.Result != wakeup.LostRace && o.Result != wakeup.NotStartable:
+		case d.Image.Owner != "":
+			err := h.d.Leases.ReleaseStale(ctx, d.ID, d.Image.Owner, d.Image.Version, d.LeaseVersion)
+			switch {
+			case err == nil:
+				h.d.Log.InfoContext(ctx, "stale image released", "id", d.ID, "stale_owner", d.Image.Owner,
+					"stale_version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
+				out[d.ID] = stream.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease released"}
+			case errors.Is(err, lease.ErrLost):
+				out[d.ID] = stream.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
+			default:
+				out[d.ID] = stream.Outcome{Worker: o.Worker, Result: o.Result, Why: err.Error()}
+			}
+		default:
+			needs = append(needs, stream.Decision{Action: stream.NeedsOwner, ID: d.ID, LeaseVersion: d.Image.Version, Why: stream.WhyStale})
+		}
+	}
+	if len(needs) > 0 {
+		maps.Copy(out, h.delivery.Deliver(ctx, workers, now, needs))
+	}
 }
 
 // HandleTask handles a task state change.

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -60,6 +62,22 @@ func (f *fakeLeases) ReleaseAllOwnedBy(_ context.Context, worker string) ([]stri
 	}
 	f.calls = append(f.calls, worker)
 	return []string{"c1", "c2"}, f.err
+}
+
+func (f *fakeLeases) ReleaseStale(_ context.Context, id, owner string, version, holderVersion int64) error {
+	if !f.allow {
+		f.t.Errorf("unexpected release of the stale lease of %s", id)
+	}
+	f.calls = append(f.calls, fmt.Sprintf("stale %s %s@%d over %d", id, owner, version, holderVersion))
+	return f.err
+}
+
+func (f *fakeLeases) ReportInvalid(_ context.Context, id, problem string) error {
+	if !f.allow {
+		f.t.Errorf("unexpected report on %s", id)
+	}
+	f.calls = append(f.calls, "invalid "+id+": "+problem)
+	return f.err
 }
 
 type fakeSweeper struct {
@@ -173,8 +191,13 @@ func TestStreamBatch(t *testing.T) {
 	if got := r.sender.calls["w2:8080"]; len(got) != 1 || got[0] != (wakeup.Conn{ID: "new", Reason: wakeup.NeedsOwner}) {
 		t.Errorf("w2 got %+v", got)
 	}
-	if got := r.sender.calls["w1:8080"]; len(got) != 1 || got[0] != (wakeup.Conn{ID: "gone", LeaseVersion: 3, Reason: wakeup.Check}) {
-		t.Errorf("w1 got %+v", got)
+	// w1 owns "gone" (removed) and "c1", whose desired_state an operator set to
+	// RUNNING: both are checks, so w1 stops them and says why.
+	got := r.sender.calls["w1:8080"]
+	sort.Slice(got, func(i, j int) bool { return got[i].ID < got[j].ID })
+	want := []wakeup.Conn{{ID: "c1", LeaseVersion: 3, Reason: wakeup.Check}, {ID: "gone", LeaseVersion: 3, Reason: wakeup.Check}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("w1 got %+v, want %+v", got, want)
 	}
 	if v, ok := r.metric(t, schema.MetricWakeupsUndelivered); !ok || v != 0 {
 		t.Errorf("undelivered metric %v %v", v, ok)
@@ -205,8 +228,8 @@ func TestStreamRegistryDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := len(out.(events.DynamoDBEventResponse).BatchItemFailures); n != 2 {
-		t.Errorf("%d failures, want both actionable records", n)
+	if n := len(out.(events.DynamoDBEventResponse).BatchItemFailures); n != 3 {
+		t.Errorf("%d failures, want the three actionable records", n)
 	}
 }
 
