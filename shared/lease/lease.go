@@ -79,6 +79,11 @@ const (
 	DefaultSkewMargin = 5 * time.Second
 )
 
+// DefaultInvalidRetry is the InvalidRetry polling mode uses: an unusable item is tried
+// again (and given back again) about once per 2 minutes by the whole fleet, instead of
+// by every worker on every poll. An operator's fix is picked up within that time.
+const DefaultInvalidRetry = 2 * time.Minute
+
 // Validate checks the config and fills defaults.
 func (c *Config) Validate() error {
 	if c.Table == "" {

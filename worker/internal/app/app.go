@@ -96,7 +96,13 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		return nil, err
 	}
 	now := func() time.Time { return time.Now().Add(cfg.ClockOffset) }
-	store, err := lease.New(d.DB, lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now})
+	lc := lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now}
+	if cfg.Mode == schema.ModePolling {
+		// Every polling worker finds every orphan: keep an unusable one out of the
+		// orphan query for a while rather than taking and giving it back every poll.
+		lc.InvalidRetry = lease.DefaultInvalidRetry
+	}
+	store, err := lease.New(d.DB, lc)
 	if err != nil {
 		return nil, err
 	}

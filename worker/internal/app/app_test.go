@@ -613,3 +613,63 @@ func TestPollingModeFindsOrphansWithoutWakeups(t *testing.T) {
 	e.update("c1", "SET desired_state = :s", map[string]types.AttributeValue{":s": codec.S("STOPPED")}, nil)
 	waitFor(t, 3*time.Second, "w2 stops c1 after reading desired_state", func() bool { return !e.get("c1").Owned() })
 }
+
+// An operator's bad value on a streaming connection stops it, and the item says which
+// field and value (a console user sees status/status_error, not a plain "stopped").
+func TestOperatorTypoStopsWithTheValueOnTheItem(t *testing.T) {
+	cases := []struct {
+		name, attr, value, want string
+	}{
+		{"lowercase started", schema.AttrDesiredState, "started", `desired_state "started"`},
+		{"ws_url not ws", schema.AttrWSURL, "http://up.example/x", `ws_url "http://up.example/x"`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, rate)
+			e.putConn("c1", schema.Started)
+			w := e.worker("w1", opts{})
+			e.wake(w, wakeup.NeedsOwner, 0, "c1")
+			waitFor(t, 5*time.Second, "streaming", func() bool { return w.sink.count("c1") >= 5 })
+			e.update("c1", "SET #a = :v", map[string]types.AttributeValue{":v": codec.S(tc.value)}, map[string]string{"#a": tc.attr})
+			if res := e.wake(w, wakeup.Check, e.get("c1").LeaseVersion, "c1"); res[0].Result != wakeup.NotStartable {
+				t.Fatalf("check: %+v", res)
+			}
+			waitFor(t, 5*time.Second, "released", func() bool { return e.get("c1").LeaseExpiresAtMs == 0 })
+			c := e.get("c1")
+			if c.Status != "invalid" || !strings.Contains(c.StatusError, tc.want) {
+				t.Fatalf("status %q, status_error %q; want invalid naming %s", c.Status, c.StatusError, tc.want)
+			}
+			if c.LastSeq != w.sink.last("c1") {
+				t.Fatalf("checkpoint %d, sink last %d", c.LastSeq, w.sink.last("c1"))
+			}
+		})
+	}
+}
+
+// Polling mode: an unusable STARTED item is taken and given back once, not by every
+// worker on every poll.
+func TestPollingModeDoesNotChurnAnUnusableItem(t *testing.T) {
+	e := newEnv(t, rate)
+	if err := ddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table,
+		Item: codec.EncodeConnection(codec.Connection{ID: "bad", DesiredState: schema.Started, WSURL: "ws://"})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1 := e.worker("w1", opts{polling: true})
+	w2 := e.worker("w2", opts{polling: true})
+	waitFor(t, 5*time.Second, "given back as invalid", func() bool { return e.get("bad").Status == "invalid" })
+	first := e.get("bad")
+	polls := w1.Metrics.OrphanPolls.Load() + w2.Metrics.OrphanPolls.Load()
+	waitFor(t, 10*time.Second, "ten more polls", func() bool {
+		return w1.Metrics.OrphanPolls.Load()+w2.Metrics.OrphanPolls.Load() >= polls+10
+	})
+	if c := e.get("bad"); c.StatusAtMs != first.StatusAtMs || c.LeaseVersion != first.LeaseVersion {
+		t.Fatalf("taken again: %+v, first given back as %+v", c, first)
+	}
+	if !strings.Contains(first.StatusError, "ws_url") {
+		t.Errorf("status_error %q does not name ws_url", first.StatusError)
+	}
+}

@@ -348,17 +348,34 @@ func (m *Manager) renew(ctx context.Context, o *owned) error {
 func (m *Manager) act(o *owned, c codec.Connection) {
 	switch {
 	case c.DesiredState != schema.Started:
-		// An operator's invalid value decodes as "": that means stop too.
+		if _, err := schema.ParseState(string(c.DesiredState)); err != nil {
+			// An operator's unknown value (a lowercase "started"): stop, and say which
+			// value on the item, not a plain "stopped".
+			m.cfg.Log.Warn("desired_state unusable; stopping", "conn", o.lease.ID, "err", err)
+			o.cancel(unusable(err))
+			return
+		}
 		m.cfg.Log.Info("desired_state changed; stopping", "conn", o.lease.ID, "desired_state", c.DesiredState)
 		o.cancel(errStopped)
 	case schema.ValidateURL(c.WSURL) != nil:
-		m.cfg.Log.Warn("ws_url unusable; stopping", "conn", o.lease.ID, "err", schema.ValidateURL(c.WSURL))
-		o.cancel(errInvalid)
+		err := schema.ValidateURL(c.WSURL)
+		m.cfg.Log.Warn("ws_url unusable; stopping", "conn", o.lease.ID, "err", err)
+		o.cancel(unusable(err))
 	case c.WSURL != o.s.URL():
 		m.cfg.Log.Info("ws_url changed; reconnecting", "conn", o.lease.ID)
 		o.s.SetURL(c.WSURL)
 	}
 }
+
+// unusableError is errInvalid with the problem an operator made, naming the field and
+// the value; the release writes its message as status_error.
+type unusableError struct{ problem error }
+
+func (e unusableError) Error() string { return "item unusable: " + e.problem.Error() }
+
+func (e unusableError) Is(target error) bool { return target == errInvalid || target == stream.ErrGraceful }
+
+func unusable(problem error) error { return unusableError{problem: problem} }
 
 // fenced is the self-fence timer's action: it only cancels the connection's context;
 // the connection's session goroutine does the rest.
@@ -423,12 +440,12 @@ func (m *Manager) session(o *owned) {
 		return
 	}
 	p := lease.Progress{LastSeq: o.s.LastSeq()} // draining: the store's default "released"
-	switch cause {
-	case errStopped:
+	switch {
+	case errors.Is(cause, errStopped):
 		p.Status = "stopped"
-	case errInvalid:
+	case errors.Is(cause, errInvalid):
 		p.Status, p.Error = "invalid", cause.Error()
-	case errFenced:
+	case errors.Is(cause, errFenced):
 		p.Status, p.Error = "fenced", cause.Error()
 	}
 	m.release(o.lease, p)
