@@ -373,7 +373,9 @@ type unusableError struct{ problem error }
 
 func (e unusableError) Error() string { return "item unusable: " + e.problem.Error() }
 
-func (e unusableError) Is(target error) bool { return target == errInvalid || target == stream.ErrGraceful }
+func (e unusableError) Is(target error) bool {
+	return target == errInvalid || target == stream.ErrGraceful
+}
 
 func unusable(problem error) error { return unusableError{problem: problem} }
 

@@ -261,7 +261,9 @@ func TestRenewOutcomes(t *testing.T) {
 		newURL    string
 	}{
 		{name: "stopped", item: codec.Connection{DesiredState: schema.Stopped, WSURL: url0}, released: true, status: "stopped"},
-		{name: "invalid state", item: codec.Connection{DesiredState: "", WSURL: url0}, released: true, status: "stopped"},
+		// An operator's unknown value stops it too, and says so (issue 12: not a plain "stopped").
+		{name: "invalid state", item: codec.Connection{DesiredState: "started", WSURL: url0}, released: true, status: "invalid"},
+		{name: "missing state", item: codec.Connection{DesiredState: "", WSURL: url0}, released: true, status: "invalid"},
 		{name: "bad url", item: codec.Connection{DesiredState: schema.Started, WSURL: "http://nope"}, released: true, status: "invalid"},
 		{name: "lost", err: fmt.Errorf("renew: %w", lease.ErrLost)},
 		{name: "deleted", err: fmt.Errorf("renew: %w", lease.ErrNotFound)},
