@@ -133,7 +133,7 @@ func Classify(r events.DynamoDBEventRecord) (Decision, error) {
 			if cur.ID == "" || schema.ValidateID(cur.ID) != nil {
 				return Decision{ID: id}, fmt.Errorf("record %s (%s) new image: %w", r.EventID, pk, curErr)
 			}
-			if p := operatorProblem(cur); p != nil {
+			if p := cur.Unrunnable(); p != nil {
 				return invalid(id, cur, p), nil
 			}
 			// Only fields the lease store repairs (lease_version, last_seq, status) or a
@@ -176,19 +176,6 @@ func removed(id string, old *codec.Connection, oldErr error) (Decision, error) {
 		return Decision{ID: id}, fmt.Errorf("connection %s old image: %w", id, oldErr)
 	}
 	return Decision{ID: id}, nil
-}
-
-// operatorProblem says what makes a STARTED-or-unknown item impossible to run: an
-// unknown desired_state (a lowercase "started", say) or an unusable ws_url. A STOPPED
-// item has none: nothing runs it, whatever else is wrong.
-func operatorProblem(c *codec.Connection) error {
-	if c.DesiredState == schema.Stopped {
-		return nil
-	}
-	if _, err := schema.ParseState(string(c.DesiredState)); err != nil {
-		return err
-	}
-	return schema.ValidateURL(c.WSURL)
 }
 
 // invalid decides about an item an operator made unusable: its owner must stop it

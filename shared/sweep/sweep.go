@@ -7,10 +7,21 @@
 //   - a STARTED connection that has sat unowned longer than NudgeAfter is nudged: a
 //     conditional write of nudged_at_ms (and lease_expires_at_ms = 0) that the stream
 //     filters pass and the classifier reads as "needs an owner";
-//   - a WORKER# item whose heartbeat lapsed more than the skew margin ago is deleted,
-//     conditioned on the heartbeat still being lapsed (TTL would, but lazily).
+//   - a WORKER# item whose heartbeat lapsed more than WorkerClearAfter ago (default
+//     an hour, as the TTL) is deleted, conditioned on the heartbeat still being that
+//     old (TTL would, but lazily), and only while some worker is live. An outage of the
+//     table lapses every heartbeat at once; deleting those items would leave the
+//     wakeups that follow the outage with no live worker to find, and workers whose
+//     membership renew needs their item with nothing to renew. Kept, the items come
+//     back to life with the workers' first heartbeat after the outage.
+//   - an unowned connection an operator made unusable (codec.Connection.Unrunnable)
+//     whose status_error does not say so gets status "invalid" and the problem,
+//     naming the field and the value, on the item — in case the stream record that
+//     made it so was never reported (the reconciler normally does this first).
 //
-// It also counts orphans: STARTED connections with no live owner.
+// It also counts orphans: STARTED connections with no live owner, including those an
+// operator made unusable (a desired_state that is not STOPPED, a bad ws_url), which no
+// worker will ever run until someone fixes them; Unusable counts those alone.
 //
 // Read cost. There is no index keyed on expiry (every heartbeat would write to it), so
 // the sweep is a paginated, eventually consistent Scan, which costs 0.5 read request
@@ -37,6 +48,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -51,6 +63,7 @@ type DynamoDB interface {
 // Leases releases expired leases (*lease.Store).
 type Leases interface {
 	ReleaseExpired(ctx context.Context, id, owner string, version int64, now time.Time) error
+	ReportInvalid(ctx context.Context, id, problem string) error
 }
 
 // Workers lists the registry (*registry.Registry).
@@ -76,6 +89,9 @@ type Config struct {
 	Segments int
 	// Period is the sweep schedule's period. Default 5m.
 	Period time.Duration
+	// WorkerClearAfter: a worker item is deleted only once its heartbeat lapsed this
+	// long ago. Default registry.TTLGrace (1h); it must exceed the skew margin.
+	WorkerClearAfter time.Duration
 }
 
 // Defaults.
@@ -109,6 +125,9 @@ func (c *Config) Validate() error {
 	if c.Period == 0 {
 		c.Period = DefaultPeriod
 	}
+	if c.WorkerClearAfter == 0 {
+		c.WorkerClearAfter = registry.TTLGrace
+	}
 	switch {
 	case c.SkewMargin < 0 || c.NudgeAfter < 0 || c.Period < 0:
 		return fmt.Errorf("sweep config: durations must be positive")
@@ -118,6 +137,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("sweep config: segments %d: want 1 to 1,000,000", c.Segments)
 	case c.NudgeAfter <= c.SkewMargin:
 		return fmt.Errorf("sweep config: nudge-after %s must exceed the skew margin %s", c.NudgeAfter, c.SkewMargin)
+	case c.WorkerClearAfter <= c.SkewMargin:
+		return fmt.Errorf("sweep config: worker clear-after %s must exceed the skew margin %s", c.WorkerClearAfter, c.SkewMargin)
 	}
 	return nil
 }
@@ -150,7 +171,9 @@ type Report struct {
 	Released          int  // expired leases released
 	Nudged            int
 	WorkersCleared    int
-	Orphaned          int           // STARTED connections with no live owner
+	Orphaned          int           // STARTED connections with no live owner (Unusable included)
+	Unusable          int           // of those, items an operator made unusable
+	Reported          int           // unusable items whose problem this run wrote on them
 	OldestOrphan      time.Duration // how long the oldest known orphan has been one
 	Errors            int
 }
@@ -174,6 +197,7 @@ func (s *Sweeper) Run(ctx context.Context, now time.Time) (Report, error) {
 			}
 		}
 	}
+	anyLive := len(live) > 0 // nil (unknown) counts as none: keep every worker item
 	var errs []error
 	var start map[string]types.AttributeValue
 	for {
@@ -192,7 +216,7 @@ func (s *Sweeper) Run(ctx context.Context, now time.Time) (Report, error) {
 		r.Pages++
 		r.Scanned += len(page.Items)
 		for _, it := range page.Items {
-			if err := s.item(ctx, it, now, live, &r); err != nil {
+			if err := s.item(ctx, it, now, live, anyLive, &r); err != nil {
 				r.Errors++
 				errs = append(errs, err)
 			}
@@ -211,7 +235,7 @@ func (s *Sweeper) Run(ctx context.Context, now time.Time) (Report, error) {
 	return r, errors.Join(errs...)
 }
 
-func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live map[string]codec.Worker, r *Report) error {
+func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live map[string]codec.Worker, anyLive bool, r *Report) error {
 	pk, _ := it[schema.AttrPK].(*types.AttributeValueMemberS)
 	if pk == nil {
 		return nil
@@ -219,6 +243,9 @@ func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live m
 	if id, ok := schema.WorkerID(pk.Value); ok {
 		w, _ := codec.DecodeWorker(it) // the heartbeat is read even from an item with a bad field
 		w.ID = id
+		if !anyLive {
+			return nil // no worker is live: an outage, or a fleet stopped; keep every item
+		}
 		return s.worker(ctx, w, now, r)
 	}
 	if _, ok := schema.ConnID(pk.Value); !ok {
@@ -241,9 +268,13 @@ func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live m
 			return err
 		}
 	}
-	if derr != nil || c.DesiredState != schema.Started {
-		return nil // an unusable item cannot be run; the worker's acquire would give it back
+	if problem := c.Unrunnable(); problem != nil {
+		return s.unusable(ctx, c, problem, now, r)
 	}
+	if c.DesiredState != schema.Started || (derr != nil && c.ID == "") {
+		return nil
+	}
+	// A bad lease_version or last_seq is the acquire's to repair: judge the rest.
 	if age, orphan := orphaned(c, now, live); orphan {
 		r.Orphaned++
 		r.OldestOrphan = max(r.OldestOrphan, age)
@@ -294,7 +325,7 @@ func orphaned(c codec.Connection, now time.Time, live map[string]codec.Worker) (
 }
 
 func (s *Sweeper) worker(ctx context.Context, w codec.Worker, now time.Time, r *Report) error {
-	cutoff := now.Add(-s.cfg.SkewMargin).UnixMilli()
+	cutoff := now.Add(-s.cfg.WorkerClearAfter).UnixMilli()
 	if w.HeartbeatExpiresAtMs >= cutoff {
 		return nil
 	}
@@ -318,6 +349,30 @@ func (s *Sweeper) worker(ctx context.Context, w codec.Worker, now time.Time, r *
 	default:
 		return fmt.Errorf("sweep: clear worker %s: %w", w.ID, err)
 	}
+}
+
+// unusable counts an item an operator made unusable as an orphan (unless an owner
+// holds it: it stops it and says why) and writes the problem on it if it does not say
+// so yet.
+func (s *Sweeper) unusable(ctx context.Context, c codec.Connection, problem error, now time.Time, r *Report) error {
+	if c.Owned() && !c.Expired(now.UnixMilli(), s.cfg.SkewMargin.Milliseconds()) {
+		return nil
+	}
+	r.Orphaned++
+	r.Unusable++
+	if c.StatusAtMs > 0 && c.StatusAtMs <= now.UnixMilli() {
+		r.OldestOrphan = max(r.OldestOrphan, time.Duration(now.UnixMilli()-c.StatusAtMs)*time.Millisecond)
+	}
+	msg := problem.Error()
+	if c.StatusError == msg {
+		return nil
+	}
+	if err := s.leases.ReportInvalid(ctx, c.ID, msg); err != nil {
+		return err
+	}
+	r.Reported++
+	s.log.InfoContext(ctx, "sweep: reported unusable connection", "id", c.ID, "problem", msg)
+	return nil
 }
 
 // Nudge makes the stream carry connection id again so the reconciler looks for an

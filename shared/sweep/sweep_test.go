@@ -105,6 +105,7 @@ func TestSweep(t *testing.T) {
 	for _, w := range []codec.Worker{
 		{ID: "w-live", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(30 * time.Second))},
 		{ID: "w-lapsed", Addr: "127.0.0.1:2", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(-time.Minute))},
+		{ID: "w-long-gone", Addr: "127.0.0.1:3", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(-2 * time.Hour))},
 	} {
 		if err := f.reg.Put(ctx, w); err != nil {
 			t.Fatal(err)
@@ -115,8 +116,10 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sweep.Report{Segment: 0, Segments: 1, Pages: 5, Scanned: 12, Complete: true, Released: 2, Nudged: 2,
-		WorkersCleared: 1, Orphaned: 6, OldestOrphan: 10 * time.Minute}
+	// "invalid" (a ws_url that is not ws://) counts as an orphan and gets its problem
+	// written on it.
+	want := sweep.Report{Segment: 0, Segments: 1, Pages: 5, Scanned: 13, Complete: true, Released: 2, Nudged: 2,
+		WorkersCleared: 1, Orphaned: 7, Unusable: 1, Reported: 1, OldestOrphan: 10 * time.Minute}
 	if r.Pages < 4 { // the engine may end on an empty last page or not
 		t.Errorf("pages %d, want paginated", r.Pages)
 	}
@@ -146,8 +149,13 @@ func TestSweep(t *testing.T) {
 			t.Errorf("%s: nudge must leave lease_expires_at_ms = 0", id)
 		}
 	}
-	if f.get(t, schema.WorkerKey("w-lapsed")) != nil || f.get(t, schema.WorkerKey("w-live")) == nil {
-		t.Error("want the lapsed worker cleared and the live one kept")
+	if f.get(t, schema.WorkerKey("w-long-gone")) != nil || f.get(t, schema.WorkerKey("w-live")) == nil ||
+		f.get(t, schema.WorkerKey("w-lapsed")) == nil {
+		t.Error("want the worker lapsed for hours cleared, the one lapsed a minute ago and the live one kept")
+	}
+	inv, _ := codec.DecodeConnection(f.get(t, schema.ConnKey("invalid")))
+	if inv.Status != "invalid" || inv.StatusError != `invalid ws_url "http://not-a-websocket": scheme must be ws or wss` {
+		t.Errorf("invalid item: status %q, status_error %q", inv.Status, inv.StatusError)
 	}
 
 	// A second run right after finds nothing new to do: the nudges are recent.
@@ -155,7 +163,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Released != 0 || r.Nudged != 0 || r.WorkersCleared != 0 {
+	if r.Released != 0 || r.Nudged != 0 || r.WorkersCleared != 0 || r.Reported != 0 || r.Unusable != 1 {
 		t.Errorf("second run acted again: %+v", r)
 	}
 	// Nudges do not reset the orphan age: much later, the never-owned item's age
@@ -171,6 +179,37 @@ func TestSweep(t *testing.T) {
 	c, _ := codec.DecodeConnection(f.get(t, schema.ConnKey("never-owned")))
 	if c.StatusAtMs != ms(now) || c.NudgedAtMs != ms(later) {
 		t.Errorf("never-owned: status_at %d (want the first nudge %d), nudged_at %d", c.StatusAtMs, ms(now), c.NudgedAtMs)
+	}
+}
+
+// After an outage of the table longer than a heartbeat, every worker item has lapsed.
+// The sweep must not delete them: the workers' first heartbeats after the outage bring
+// them back, and the wakeups that follow need them. Only items that stayed lapsed for
+// WorkerClearAfter while other workers were live go.
+func TestSweepKeepsWorkersThatLapsedInAnOutage(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	now := f.now
+	for _, w := range []codec.Worker{
+		{ID: "a", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(-3 * time.Hour))},
+		{ID: "b", Addr: "127.0.0.1:2", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(-90 * time.Second))},
+	} {
+		if err := f.reg.Put(ctx, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The engine is back and the sweep runs before any worker heartbeats: none is live.
+	r, err := f.sweeper(t, sweep.Config{}).Run(ctx, now)
+	if err != nil || r.WorkersCleared != 0 || f.get(t, schema.WorkerKey("a")) == nil || f.get(t, schema.WorkerKey("b")) == nil {
+		t.Fatalf("with no live worker: %+v, %v; want every worker item kept", r, err)
+	}
+	// b heartbeats again; a (lapsed for hours, while b is live) is cleared.
+	if err := f.reg.Put(ctx, codec.Worker{ID: "b", Addr: "127.0.0.1:2", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(time.Minute))}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = f.sweeper(t, sweep.Config{}).Run(ctx, now)
+	if err != nil || r.WorkersCleared != 1 || f.get(t, schema.WorkerKey("a")) != nil || f.get(t, schema.WorkerKey("b")) == nil {
+		t.Fatalf("with b live: %+v, %v; want a cleared, b kept", r, err)
 	}
 }
 
@@ -240,5 +279,47 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v validated", c)
 		}
+	}
+}
+
+// Operator edits the sweep meets: a lease_version deleted from an expired lease is
+// released (it used to read back version 0 and be "held" on every run), an unowned
+// item with a string lease_version is still nudged (the acquire repairs it), and a
+// lowercase "started" counts as an unusable orphan with its problem on the item.
+func TestSweepOperatorEdits(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	now := f.now
+	expired := codec.EncodeConnection(codec.Connection{ID: "expired", DesiredState: schema.Started, WSURL: "ws://127.0.0.1:1/x",
+		LeaseOwner: "w-dead", LeaseExpiresAtMs: ms(now.Add(-time.Minute))})
+	delete(expired, schema.AttrLeaseVersion)
+	f.put(t, expired)
+	strVersion := codec.EncodeConnection(codec.Connection{ID: "str-version", DesiredState: schema.Started, WSURL: "ws://127.0.0.1:1/x"})
+	strVersion[schema.AttrLeaseVersion] = codec.S("seven")
+	f.put(t, strVersion)
+	typo := codec.EncodeConnection(codec.Connection{ID: "typo", DesiredState: "started", WSURL: "ws://127.0.0.1:1/x"})
+	f.put(t, typo)
+	if err := f.reg.Put(ctx, codec.Worker{ID: "w-live", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(time.Minute))}); err != nil {
+		t.Fatal(err)
+	}
+	for run := range 2 {
+		r, err := f.sweeper(t, sweep.Config{}).Run(ctx, now.Add(time.Duration(run)*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if run == 0 && (r.Released != 1 || r.Nudged != 1 || r.Unusable != 1 || r.Reported != 1) {
+			t.Errorf("first run %+v: want 1 released, 1 nudged, 1 unusable reported", r)
+		}
+		if run == 1 && (r.Released != 0 || r.Reported != 0 || r.Errors != 0 || r.Unusable != 1) {
+			t.Errorf("second run %+v: want nothing more to do, the typo still counted", r)
+		}
+	}
+	c, _ := codec.DecodeConnection(f.get(t, schema.ConnKey("expired")))
+	if c.Owned() || c.LeaseVersion == 0 || c.Status != "expired" {
+		t.Errorf("expired: %+v", c)
+	}
+	c, _ = codec.DecodeConnection(f.get(t, schema.ConnKey("typo")))
+	if c.Status != "invalid" || c.StatusError != `invalid desired_state "started": want STARTED or STOPPED` {
+		t.Errorf("typo: status %q, status_error %q", c.Status, c.StatusError)
 	}
 }

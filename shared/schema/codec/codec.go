@@ -44,6 +44,20 @@ func (c Connection) Expired(nowMs, marginMs int64) bool {
 	return c.Owned() && c.LeaseExpiresAtMs < nowMs-marginMs
 }
 
+// Unrunnable says what an operator made unusable in a connection that is not STOPPED:
+// an unknown desired_state (a lowercase "started") or an unusable ws_url, naming the
+// field and the value. It is nil for a STOPPED item (nothing runs it) and for an item
+// whose only bad fields are ones the lease store repairs (lease_version, last_seq).
+func (c Connection) Unrunnable() error {
+	if c.DesiredState == schema.Stopped {
+		return nil
+	}
+	if _, err := schema.ParseState(string(c.DesiredState)); err != nil {
+		return err
+	}
+	return schema.ValidateURL(c.WSURL)
+}
+
 // Worker is a worker registry item.
 type Worker struct {
 	ID                   string
