@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -13,8 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
 var (
@@ -72,9 +77,9 @@ const (
 // chaosAction is one step of a chaos schedule.
 type chaosAction struct {
 	at     time.Duration // after the fault window opens
-	kind   string        // kill, term, stop, cont, faults, down, up, cut, heal, stopconn, startconn
+	kind   string        // kill, term, stop, cont, faults, down, up, cut, heal, stopconn, startconn, snap, restore
 	slot   int           // kill, term, stop, cont, cut, heal
-	conn   string        // stopconn, startconn
+	conn   string        // stopconn, startconn, snap, restore
 	faults fleet.Faults  // faults
 }
 
@@ -82,7 +87,7 @@ func (a chaosAction) String() string {
 	switch a.kind {
 	case "kill", "term", "stop", "cont", "cut", "heal":
 		return fmt.Sprintf("%s slot %d", a.kind, a.slot)
-	case "stopconn", "startconn":
+	case "stopconn", "startconn", "snap", "restore":
 		return a.kind + " " + a.conn
 	case "faults":
 		f := a.faults
@@ -177,14 +182,36 @@ func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string
 
 	// The operator stops a connection now and then, and starts it again.
 	stoppedUntil := map[string]time.Duration{}
+	stops := map[string][][2]time.Duration{}
 	for at := between(2*time.Second, 5*time.Second); at < window-2*time.Second; at += between(3*time.Second, 6*time.Second) {
 		c := conns[rng.IntN(len(conns))]
 		if at < stoppedUntil[c] {
 			continue
 		}
 		stoppedUntil[c] = min(at+between(time.Second, 4*time.Second), window-time.Second)
+		stops[c] = append(stops[c], [2]time.Duration{at, stoppedUntil[c]})
 		add(chaosAction{at: at, kind: "stopconn", conn: c})
 		add(chaosAction{at: stoppedUntil[c], kind: "startconn", conn: c})
+	}
+
+	// A console user saves a stale image: the whole item as it was read a while ago
+	// (snap), written back with PutItem (restore), rolling back lease_owner,
+	// lease_version, the expiry and last_seq. Only while the connection is STARTED
+	// at both moments, so the operator's desired_state is not rolled back too.
+	restoring := map[string]time.Duration{}
+	for at := between(2*time.Second, 4*time.Second); at < window-3*time.Second; at += between(1500*time.Millisecond, 4*time.Second) {
+		c := conns[rng.IntN(len(conns))]
+		back := min(at+between(500*time.Millisecond, 2*testLease), window-time.Second)
+		clash := at < restoring[c]
+		for _, st := range stops[c] {
+			clash = clash || (st[0] < back+time.Second && at < st[1]+time.Second)
+		}
+		if clash {
+			continue
+		}
+		restoring[c] = back
+		add(chaosAction{at: at, kind: "snap", conn: c})
+		add(chaosAction{at: back, kind: "restore", conn: c})
 	}
 
 	sort.SliceStable(plan, func(i, j int) bool { return plan[i].at < plan[j].at })
@@ -195,8 +222,9 @@ func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string
 // SIGSTOP/SIGCONT of workers, one worker's clock offset within the skew margin,
 // DynamoDB proxies between the workers and the engine that add latency, fail,
 // throttle, drop responses to applied writes, cut one worker off (sometimes for
-// longer than a lease) and go down for all of them for longer than a lease, and
-// operator stops and starts — then checks that every STARTED connection
+// longer than a lease) and go down for all of them for longer than a lease,
+// operator stops and starts, and console-style saves of stale whole-item images that
+// roll the lease and checkpoint back — then checks that every STARTED connection
 // streams again within a bound, and over the whole run: at most one streaming
 // client per connection apart from a bounded overlap, and no sequence gap at the
 // sinks.
@@ -284,6 +312,7 @@ func TestChaos(t *testing.T) {
 	// The fault window.
 	start := time.Now()
 	counts := map[string]int{}
+	images := map[string]codec.Item{}
 	outage, cut := false, make([]bool, workers)
 	setDown := func() {
 		for slot, p := range proxies {
@@ -317,6 +346,12 @@ func TestChaos(t *testing.T) {
 			f.setState(a.conn, schema.Stopped)
 		case "startconn":
 			f.setState(a.conn, schema.Started)
+		case "snap":
+			images[a.conn] = f.rawConn(a.conn)
+			note = describeLease(images[a.conn])
+		case "restore":
+			note = describeLease(f.rawConn(a.conn)) + " ← " + describeLease(images[a.conn])
+			f.putRaw(images[a.conn])
 		}
 		t.Logf("%6.2fs (planned %6.2fs) %s %s", time.Since(start).Seconds(), a.at.Seconds(), a, note)
 	}
@@ -398,6 +433,30 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	t.Logf("sinks: %d duplicates over %d connections; worker logs: %s", dups, len(ids), workerLogCounts(f.dir))
+}
+
+// rawConn reads connection id's item as it is (strongly consistent).
+func (f *testFleet) rawConn(id string) codec.Item {
+	f.t.Helper()
+	out, err := f.env.DB.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: &f.env.Table, ConsistentRead: aws.Bool(true),
+		Key: map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))}})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return out.Item
+}
+
+// putRaw writes a whole item, as the console's save does.
+func (f *testFleet) putRaw(it codec.Item) {
+	f.t.Helper()
+	if _, err := f.env.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &f.env.Table, Item: it}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func describeLease(it codec.Item) string {
+	c, _ := codec.DecodeConnection(it)
+	return fmt.Sprintf("%q v%d exp%+ds seq %d", c.LeaseOwner, c.LeaseVersion, (c.LeaseExpiresAtMs-time.Now().UnixMilli())/1000, c.LastSeq)
 }
 
 // workerLogCounts counts, over every worker's log, the lines that show the fleet

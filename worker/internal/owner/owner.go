@@ -309,6 +309,13 @@ func (m *Manager) renew(ctx context.Context, o *owned) error {
 	if o.ctx.Err() != nil {
 		return nil // stopping; its session releases it
 	}
+	if !m.beforeFence(o) {
+		// Past the fence deadline (resumed after a stall, before the fence timer ran):
+		// never extend such a lease, even if the write would succeed — a stale image
+		// written back by an operator can make an old owner-and-version match again.
+		// The fence timer, due now, stops it.
+		return nil
+	}
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
 	defer cancel()
