@@ -456,7 +456,11 @@ func (f *testFleet) putRaw(it codec.Item) {
 
 func describeLease(it codec.Item) string {
 	c, _ := codec.DecodeConnection(it)
-	return fmt.Sprintf("%q v%d exp%+ds seq %d", c.LeaseOwner, c.LeaseVersion, (c.LeaseExpiresAtMs-time.Now().UnixMilli())/1000, c.LastSeq)
+	exp := "released"
+	if c.LeaseExpiresAtMs != 0 {
+		exp = fmt.Sprintf("exp%+ds", (c.LeaseExpiresAtMs-time.Now().UnixMilli())/1000)
+	}
+	return fmt.Sprintf("%q v%d %s seq %d", c.LeaseOwner, c.LeaseVersion, exp, c.LastSeq)
 }
 
 // workerLogCounts counts, over every worker's log, the lines that show the fleet

@@ -9,10 +9,31 @@
 //   - An ambiguous outcome (timeout, 5xx, a dropped response after the write was sent)
 //     is resolved by reading the item back, so callers see the true result.
 //   - Errors are the sentinels below, wrapped with context; no SDK type leaks out.
+//   - Fencing versions never repeat. Each acquire writes a version from a hybrid
+//     logical clock: at least the stored version + 1 and at least the wall clock in
+//     ms. An outside write that rolls the stored version back (a console save of an
+//     old image) cannot make a later acquire hand out a version again, unless the
+//     acquirer's clock is behind the clock that issued it by more than the time since.
+//     Since every owner write is conditioned on owner AND version, a repeat would also
+//     need the same worker id.
+//   - An operator's edit of a lease field never strands a connection (see
+//     docs/MEMBERSHIP.md, "Operator edits"). A lease_version that is absent or not an
+//     integer is repaired: restored by its owner's next write, replaced by a fresh
+//     version at acquire (the wall clock plus the skew margin), and matched as it is
+//     by the sweep's and the crash path's releases. A stale image that rolled the lease
+//     back (a lower version, or the holder's version under another owner) is taken
+//     back by the holder's next write when the stale lease is free by the acquire rule
+//     (released, or expired beyond the margin) or names the holder itself — then nobody
+//     can be streaming under it. An undecodable last_seq is reset to 0 at acquire. Every
+//     repair is conditioned on the item being exactly as read, and is said on the item:
+//     status_error and last_repair name the field and the value.
 //
 // Non-guarantees: the store does not stop a caller from streaming after it lost a
 // lease. The worker fences itself on its monotonic clock (see worker/internal/owner);
-// this package only makes sure the table never believes two owners at once.
+// this package only makes sure the table never believes two owners at once. A stale
+// image whose lease still looks live and names another worker is not provably stale
+// to the holder: it stops (ErrLost), and the stale lease is released by the
+// reconciler when its record passes the filter, or by the sweep at its expiry.
 package lease
 
 import (
