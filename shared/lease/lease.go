@@ -323,6 +323,9 @@ func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.I
 		// unusable item may be won. Give it back, recording why; the reconciler decodes
 		// the same way and will not wake anyone for it until it is fixed.
 		p := Progress{LastSeq: l.LastSeq, Status: "invalid", Error: derr.Error()}
+		if c, _ := codec.DecodeConnection(it); c.Unrunnable() != nil {
+			p.Error = c.Unrunnable().Error() // as the reconciler and the sweep word it
+		}
 		exp := int64(0)
 		if s.cfg.InvalidRetry > 0 {
 			exp = s.nowMs() + s.cfg.InvalidRetry.Milliseconds()

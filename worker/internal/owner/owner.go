@@ -454,6 +454,9 @@ func (m *Manager) session(o *owned) {
 		p.Status = "stopped"
 	case errors.Is(cause, errInvalid):
 		p.Status, p.Error = "invalid", cause.Error()
+		if u, ok := cause.(unusableError); ok {
+			p.Error = u.problem.Error() // as the reconciler and the sweep word it, so they need not rewrite it
+		}
 	case errors.Is(cause, errFenced):
 		p.Status, p.Error = "fenced", cause.Error()
 	}
