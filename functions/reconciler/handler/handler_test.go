@@ -99,12 +99,16 @@ type fakeSender struct {
 	t     *testing.T
 	mu    sync.Mutex
 	by    map[string]wakeup.Result
+	down  map[string]bool // addresses that do not answer
 	calls map[string][]wakeup.Conn
 }
 
 func (f *fakeSender) Send(_ context.Context, addr string, req wakeup.Request) (wakeup.Response, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down[addr] {
+		return wakeup.Response{}, errors.New("connection refused")
+	}
 	r, ok := f.by[addr]
 	if !ok {
 		f.t.Errorf("unexpected wakeup to %s: %+v", addr, req)

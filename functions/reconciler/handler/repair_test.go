@@ -102,3 +102,22 @@ func TestInvalidItemIsReportedOnTheItem(t *testing.T) {
 		t.Errorf("failures %+v, want s5 retried", resp.BatchItemFailures)
 	}
 }
+
+// A holder that is draining releases the lease itself, and one that cannot be reached
+// may still be streaming: neither is a reason to repair (the strict fake fails on any
+// lease call); the unreachable one's record is retried.
+func TestStaleImageNotRepairedWhileTheHolderMayStream(t *testing.T) {
+	r := newRig(t, worker("w1", 5))
+	r.sender.by["w1:8080"] = wakeup.Draining
+	resp, err := r.h.HandleStream(context.Background(), modify("s6", conn("STARTED", "w1", held, "5"), conn("STOPPED", "w0", held, "3")))
+	if err != nil || len(resp.BatchItemFailures) != 0 {
+		t.Fatalf("draining holder: %+v, %v", resp, err)
+	}
+
+	r = newRig(t, worker("w1", 5)) // w1 is live but its address is not answering
+	r.sender.down = map[string]bool{"w1:8080": true}
+	resp, err = r.h.HandleStream(context.Background(), modify("s7", conn("STARTED", "w1", held, "5"), conn("STOPPED", "w0", held, "3")))
+	if err != nil || len(resp.BatchItemFailures) != 1 || resp.BatchItemFailures[0].ItemIdentifier != "s7" {
+		t.Fatalf("unreachable holder: %+v, %v; want s7 retried", resp, err)
+	}
+}
