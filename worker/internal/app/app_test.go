@@ -456,6 +456,9 @@ func TestUnreachableTableSelfFencesBeforeExpiry(t *testing.T) {
 	}
 	t.Logf("cut at %s, fenced %s later, %s before expiry", cutAt.Format(time.StampMilli),
 		stoppedAt.Sub(cutAt).Round(time.Millisecond), expires.Sub(stoppedAt).Round(time.Millisecond))
+	// The stream's own fence guard may close the socket a moment before its session
+	// counts the fence (the session does so once the stream returns): wait for it.
+	waitFor(t, 2*time.Second, "the fence counted", func() bool { return w.Metrics.SelfFences.Load() >= 1 })
 	if w.Metrics.SelfFences.Load() != 1 {
 		t.Fatalf("self-fences %d", w.Metrics.SelfFences.Load())
 	}
