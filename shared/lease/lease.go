@@ -183,7 +183,7 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 	for attempt := 0; ; attempt++ {
 		it, old, err := s.acquireOnce(ctx, id, worker, now, try)
 		if err == nil {
-			return s.acquired(ctx, id, worker, it, old)
+			return s.acquired(ctx, id, worker, it, old, try.note != "")
 		}
 		next, retry := s.versionRetry(old, now)
 		if attempt > 0 || !retry {
@@ -294,11 +294,13 @@ func (s *Store) versionRetry(old codec.Item, now int64) (versionTry, bool) {
 
 // acquired finishes an acquire: it repairs an unusable checkpoint (reset to 0, and
 // said so on the item), gives back an item that cannot be run, and returns the lease.
-func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.Item) (Lease, error) {
+// noted: the acquire write itself recorded the version's repair.
+func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.Item, noted bool) (Lease, error) {
 	c, _ := codec.DecodeConnection(it)
 	l := Lease{ID: id, Owner: worker, Version: c.LeaseVersion, ExpiresAtMs: c.LeaseExpiresAtMs, WSURL: c.WSURL, LastSeq: c.LastSeq}
 	var notes []string
-	if ov, err := codec.Int(old, schema.AttrLeaseVersion); err != nil {
+	if ov, err := codec.Int(old, schema.AttrLeaseVersion); noted {
+	} else if err != nil {
 		notes = append(notes, fmt.Sprintf("%s %s unusable: replaced with %d", schema.AttrLeaseVersion, codec.Describe(old[schema.AttrLeaseVersion]), l.Version))
 	} else if ov == 0 && old[schema.AttrLeaseVersion] == nil && old[schema.AttrLeaseOwner] != nil {
 		notes = append(notes, fmt.Sprintf("%s absent on an item owned by %s: replaced with %d", schema.AttrLeaseVersion, codec.Describe(old[schema.AttrLeaseOwner]), l.Version))
@@ -310,6 +312,12 @@ func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.I
 	if len(notes) > 0 {
 		note := strings.Join(notes, "; ")
 		if err := s.noteRepair(ctx, l, it[schema.AttrLastSeq], note); err != nil {
+			// Not recorded (the item changed again, or the table failed): do not keep
+			// a lease this worker will not run.
+			p := Progress{LastSeq: l.LastSeq, Status: "released", Error: "repair not recorded: " + note}
+			if rerr := s.releaseAt(ctx, l, p, 0); rerr != nil {
+				err = errors.Join(err, rerr)
+			}
 			return Lease{}, fmt.Errorf("acquire %s: record repair: %w", id, err)
 		}
 		if _, err := codec.Int(it, schema.AttrLastSeq); err != nil {
