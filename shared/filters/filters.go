@@ -3,8 +3,8 @@
 // local stream poller applies them, so production and local runs see the same records.
 //
 // What passes: INSERT; REMOVE; a connection released while STARTED
-// (lease_expires_at_ms = 0, or absent); an owned connection turned STOPPED; a
-// desired_state that is neither STARTED nor STOPPED (an operator's typo).
+// (lease_expires_at_ms = 0, or absent); any write whose new desired_state is not
+// STARTED (a stop, or an operator's typo such as "started").
 // What never passes: heartbeats and checkpoints (an owned STARTED item whose expiry
 // moves), and worker registry heartbeats, so steady state costs no invocations.
 // A changed ws_url does not pass either: no pattern can compare old and new images,
@@ -39,15 +39,14 @@ var Patterns = []Pattern{
 		// named, or the pattern would match every STARTED item, heartbeats included.
 		schema.AttrLeaseExpires: Pattern{"N": []any{Pattern{"exists": false}}},
 	}),
+	// Anything but STARTED: an owned connection turned STOPPED, and an operator's
+	// unknown desired_state (a lowercase "started"), whose problem the reconciler
+	// writes on the item or whose owner it wakes to stop it. One pattern for both:
+	// Lambda allows five per event source by default. It also passes writes to
+	// unowned STOPPED items (an operator's edit, the owner's release after a stop),
+	// which the classifier ignores; no heartbeat or checkpoint is ever one of them.
 	newImage(Pattern{
-		schema.AttrDesiredState: s(string(schema.Stopped)),
-		schema.AttrLeaseOwner:   s(Pattern{"exists": true}),
-	}),
-	// An operator's unknown desired_state (a lowercase "started"): the reconciler
-	// writes the problem on the item, or wakes its owner to stop it. Its own report
-	// passes too and is ignored; steady state has no such items.
-	newImage(Pattern{
-		schema.AttrDesiredState: s(Pattern{"anything-but": []any{string(schema.Started), string(schema.Stopped)}}),
+		schema.AttrDesiredState: s(Pattern{"anything-but": []any{string(schema.Started)}}),
 	}),
 }
 
