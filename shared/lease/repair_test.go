@@ -1,11 +1,13 @@
 package lease_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
@@ -332,5 +334,41 @@ func TestReportInvalidAndReleaseStale(t *testing.T) {
 	next, err := s.Acquire(f.ctx, "stale", "w2")
 	if err != nil || next.Version <= after.LeaseVersion {
 		t.Fatalf("acquire after the repair: %+v, %v", next, err)
+	}
+}
+
+// counting passes calls to the engine and counts the writes.
+type counting struct {
+	lease.DynamoDB
+	updates int
+}
+
+func (c *counting) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {
+	c.updates++
+	return c.DynamoDB.UpdateItem(ctx, in, o...)
+}
+
+// The clock-floor version costs nothing in the common case: one write per acquire, as
+// before; a second write only when the stored version is at or above the floor, or
+// unusable.
+func TestAcquireWrites(t *testing.T) {
+	f := newFixture(t)
+	db := &counting{DynamoDB: f.env.DB}
+	s := f.store(db, 0)
+	ahead := started("ahead")
+	ahead.LeaseVersion = nowMs() + 3_600_000
+	bad := codec.EncodeConnection(started("bad"))
+	bad[schema.AttrLeaseVersion] = codec.S("x")
+	f.put(started("fresh"))
+	f.put(ahead)
+	f.putRaw(bad)
+	for id, want := range map[string]int{"fresh": 1, "ahead": 2, "bad": 2} {
+		db.updates = 0
+		if _, err := s.Acquire(f.ctx, id, "w1"); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+		if db.updates != want {
+			t.Errorf("%s: %d writes, want %d", id, db.updates, want)
+		}
 	}
 }
