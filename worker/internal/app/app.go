@@ -61,6 +61,27 @@ type App struct {
 	log  *slog.Logger
 }
 
+// kinesisOptions applies the bad-message policy to messages too large for a Kinesis
+// record, and counts the sink's retries in the worker's metrics.
+func kinesisOptions(cfg config.Config, m *metrics.Counters, log *slog.Logger) sink.KinesisOptions {
+	return sink.KinesisOptions{
+		PassOversize: cfg.BadMessages == string(stream.BadPass),
+		OnOversize: func(msg sink.Message, size int) {
+			m.BadMessages.Add(1)
+			if cfg.BadMessages != string(stream.BadSkip) {
+				log.Warn("message too large for a Kinesis record", "conn", msg.Conn, "seq", msg.Seq,
+					"bytes", size, "limit", sink.KinesisMaxRecordBytes, "policy", cfg.BadMessages)
+			}
+		},
+		OnRetry: func(records int, throttled bool) {
+			m.SinkRetries.Add(int64(records))
+			if throttled {
+				m.SinkThrottles.Add(1)
+			}
+		},
+	}
+}
+
 // New assembles a worker. cfg must be valid (config.Load validates it).
 func New(cfg config.Config, d Deps) (*App, error) {
 	if d.Log == nil {
@@ -69,14 +90,14 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if d.Stdout == nil {
 		d.Stdout = io.Discard
 	}
+	m := new(metrics.Counters)
 	snk := d.Sink
 	if snk == nil {
 		var err error
-		if snk, err = cfg.OpenSink(d.Stdout); err != nil {
+		if snk, err = cfg.OpenSink(context.Background(), d.Stdout, kinesisOptions(cfg, m, d.Log)); err != nil {
 			return nil, err
 		}
 	}
-	m := new(metrics.Counters)
 	sc := d.Stream
 	sc.Sink, sc.Metrics, sc.Log = snk, m, d.Log
 	if sc.SinkTimeout == 0 {

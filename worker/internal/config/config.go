@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/kinesis"
+	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
@@ -40,7 +42,7 @@ type Config struct {
 	SkewMargin    time.Duration
 	DrainTimeout  time.Duration
 
-	Sink string // stdout | file:PATH | http(s)://URL
+	Sink string // stdout | file:PATH | http(s)://URL | kinesis:STREAM (name or ARN)
 	// SinkTimeout bounds one sink write; 0 means min(10s, owner.SinkWindow). It must
 	// fit inside the window, or a write checked just before the fence could land
 	// after another worker may acquire.
@@ -169,11 +171,25 @@ func (c *Config) EffectiveSinkTimeout() time.Duration {
 	return min(10*time.Second, owner.SinkWindow(c.Lease, c.RenewDeadline, c.SkewMargin))
 }
 
-// OpenSink builds the configured sink; the stdout sink writes to stdout.
-func (c *Config) OpenSink(stdout io.Writer) (sink.Sink, error) { return sink.Parse(c.Sink, stdout) }
+// OpenSink builds the configured sink; the stdout sink writes to stdout. The Kinesis
+// sink takes the standard AWS settings (AWS_REGION, AWS_ENDPOINT_URL_KINESIS, …)
+// and the options kin.
+func (c *Config) OpenSink(ctx context.Context, stdout io.Writer, kin sink.KinesisOptions) (sink.Sink, error) {
+	if stream, ok := strings.CutPrefix(c.Sink, sink.KinesisPrefix); ok {
+		aws, err := ddb.LoadConfig(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("kinesis sink: %w", err)
+		}
+		return sink.NewKinesis(kinesis.NewFromConfig(aws), stream, kin)
+	}
+	return sink.Parse(c.Sink, stdout)
+}
 
 // checkSink checks a sink spec without opening anything.
 func checkSink(spec string) error {
+	if stream, ok := strings.CutPrefix(spec, sink.KinesisPrefix); ok {
+		return sink.CheckKinesisStream(stream)
+	}
 	if path, ok := strings.CutPrefix(spec, "file:"); ok {
 		if path == "" {
 			return fmt.Errorf("sink %q: empty file path", spec)

@@ -29,6 +29,13 @@ type Counters struct {
 	Reconnects     atomic.Int64 // dials after the first of a connection's life
 	DialFailures   atomic.Int64
 	SinkErrors     atomic.Int64
+	SinkRetries    atomic.Int64 // records a sink sent again after a partial failure (Kinesis)
+	SinkThrottles  atomic.Int64 // sink calls refused for throughput (Kinesis)
+	SinkWrites     atomic.Int64 // sink writes finished, failed or not
+	SinkWriteNanos atomic.Int64 // their total duration
+	SinkSlowWrites atomic.Int64 // writes that held their connection back (status sink_slow)
+	SinkSlow       atomic.Int64 // gauge: connections held back by a slow sink now
+	SinkQueued     atomic.Int64 // gauge: messages read and not yet acknowledged by the sink
 	BadMessages    atomic.Int64 // no parsable sequence, or binary where a sequence is needed
 	Duplicates     atomic.Int64 // sequence at or below the one already delivered; dropped
 	Wakeups        atomic.Int64 // authenticated wakeup requests
@@ -55,6 +62,12 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_reconnects_total", &c.Reconnects},
 		{"sockfleet_dial_failures_total", &c.DialFailures},
 		{"sockfleet_sink_errors_total", &c.SinkErrors},
+		{"sockfleet_sink_retried_records_total", &c.SinkRetries},
+		{"sockfleet_sink_throttles_total", &c.SinkThrottles},
+		{"sockfleet_sink_writes_total", &c.SinkWrites},
+		{"sockfleet_sink_slow_writes_total", &c.SinkSlowWrites},
+		{"sockfleet_sink_slow_connections", &c.SinkSlow},
+		{"sockfleet_sink_queue_depth", &c.SinkQueued},
 		{"sockfleet_bad_messages_total", &c.BadMessages},
 		{"sockfleet_duplicates_dropped_total", &c.Duplicates},
 		{"sockfleet_wakeups_total", &c.Wakeups},
@@ -68,7 +81,9 @@ func (c *Counters) WriteText(w io.Writer) error {
 			return err
 		}
 	}
-	return nil
+	// With sockfleet_sink_writes_total, the mean sink latency.
+	_, err := fmt.Fprintf(w, "sockfleet_sink_write_seconds_total %.6f\n", float64(c.SinkWriteNanos.Load())/1e9)
+	return err
 }
 
 // EMF writes CloudWatch Embedded Metric Format lines, one JSON object per line, to W

@@ -34,7 +34,10 @@ type KinesisOptions struct {
 	// Otherwise it is dropped. Either way OnOversize is told and last_seq moves past it.
 	PassOversize bool
 	OnOversize   func(m Message, size int)
-	BackoffMin   time.Duration  // first retry wait; default 50 ms (throttled: 4×)
+	// OnRetry (may be nil) is told of each retry: how many records, and whether
+	// Kinesis refused them for throughput.
+	OnRetry    func(records int, throttled bool)
+	BackoffMin time.Duration // first retry wait; default 50 ms (throttled: 4×)
 	BackoffMax   time.Duration  // default 2 s
 	Jitter       func() float64 // in [0, 1); default math/rand/v2
 }
@@ -67,7 +70,7 @@ type Kinesis struct {
 
 // NewKinesis returns a sink writing to stream (a name or an ARN) through api.
 func NewKinesis(api KinesisAPI, stream string, opt KinesisOptions) (*Kinesis, error) {
-	if err := checkKinesisStream(stream); err != nil {
+	if err := CheckKinesisStream(stream); err != nil {
 		return nil, err
 	}
 	k := &Kinesis{api: api, opt: opt}
@@ -88,8 +91,11 @@ func NewKinesis(api KinesisAPI, stream string, opt KinesisOptions) (*Kinesis, er
 	return k, nil
 }
 
-// checkKinesisStream checks a stream name (1-128 of [a-zA-Z0-9_.-]) or ARN.
-func checkKinesisStream(s string) error {
+// KinesisPrefix starts a Kinesis sink spec: kinesis:STREAM (a name or an ARN).
+const KinesisPrefix = "kinesis:"
+
+// CheckKinesisStream checks a stream name (1-128 of [a-zA-Z0-9_.-]) or ARN.
+func CheckKinesisStream(s string) error {
 	if strings.HasPrefix(s, "arn:") {
 		if !strings.Contains(s, ":stream/") {
 			return fmt.Errorf("kinesis stream ARN %q: want arn:PARTITION:kinesis:REGION:ACCOUNT:stream/NAME", s)
@@ -198,6 +204,9 @@ func (k *Kinesis) put(ctx context.Context, entries []types.PutRecordsRequestEntr
 		}
 		if throttled {
 			k.Stats.Throttled.Add(1)
+		}
+		if k.opt.OnRetry != nil {
+			k.opt.OnRetry(len(entries), throttled)
 		}
 		t := time.NewTimer(k.backoff(attempt, throttled))
 		select {

@@ -1,8 +1,9 @@
 // Package sink delivers upstream messages somewhere: stdout as JSON lines (the
-// default), a file, or HTTP POST of batches.
+// default), a file, HTTP POST of batches, or Kinesis Data Streams records.
 //
 // Guarantee: Write returns nil only once the whole batch is acknowledged — written to
-// the file descriptor (stdout, file) or answered 2xx (HTTP). The worker advances
+// the file descriptor (stdout, file), answered 2xx (HTTP), or every record accepted
+// (Kinesis). The worker advances
 // last_seq only after that, so delivery is at least once and the resume point never
 // runs ahead of what was delivered. Non-guarantee: "written" is not "fsynced"; a host
 // crash can lose lines the kernel had not flushed.
@@ -41,6 +42,7 @@ type Sink interface {
 }
 
 // Parse builds a sink from its spec: "" or "stdout", "file:PATH", or an http(s) URL.
+// A Kinesis sink (kinesis:STREAM) needs a client: see NewKinesis.
 func Parse(spec string, stdout io.Writer) (Sink, error) {
 	switch {
 	case spec == "" || spec == "stdout":
@@ -51,10 +53,12 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 			return nil, fmt.Errorf("sink %q: empty file path", spec)
 		}
 		return OpenFile(path)
+	case strings.HasPrefix(spec, KinesisPrefix):
+		return nil, fmt.Errorf("sink %q: a Kinesis sink is built with NewKinesis", spec)
 	case strings.HasPrefix(spec, "http://") || strings.HasPrefix(spec, "https://"):
 		return &HTTP{URL: spec}, nil
 	}
-	return nil, fmt.Errorf("sink %q: want stdout, file:PATH or an http(s) URL", spec)
+	return nil, fmt.Errorf("sink %q: want stdout, file:PATH, an http(s) URL or kinesis:STREAM", spec)
 }
 
 // AppendJSON appends m as one JSON line (the record format, docs/SINKS.md):

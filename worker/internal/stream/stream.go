@@ -45,6 +45,9 @@ type Config struct {
 	ReadLimit        int64         // bytes per message; default 1 MiB
 	BatchSize        int           // most messages per sink write; default 256
 	SinkTimeout      time.Duration // one sink write; default 10s
+	// SinkSlowAfter: a sink write still running after this holds its connection back:
+	// status sink_slow, counted in metrics. Default min(1s, SinkTimeout/2).
+	SinkSlowAfter time.Duration
 
 	BackoffMin time.Duration // default 500ms
 	BackoffMax time.Duration // default 30s
@@ -75,6 +78,7 @@ func (c *Config) Fill() error {
 	def(&c.PingPeriod, c.PongWait*9/10)
 	def(&c.WriteWait, 10*time.Second)
 	def(&c.SinkTimeout, 10*time.Second)
+	def(&c.SinkSlowAfter, min(time.Second, c.SinkTimeout/2))
 	def(&c.BackoffMin, 500*time.Millisecond)
 	def(&c.BackoffMax, 30*time.Second)
 	def(&c.PermanentBackoffMax, 5*time.Minute)
@@ -143,7 +147,7 @@ func min2(a, b time.Duration) time.Duration {
 
 // Status is a stream's observed state, folded into lease writes.
 type Status struct {
-	State string // connecting, streaming, backoff
+	State string // connecting, streaming, sink_slow (a sink write is holding it back), backoff
 	Error string
 }
 
@@ -157,6 +161,9 @@ type Stream struct {
 	status atomic.Pointer[Status]
 	redial chan struct{} // the URL changed: drop the socket and dial the new one now
 	valid  func() bool   // nil, or false once the lease is past its fence deadline
+
+	queue  chan sink.Message // the session's queue; used by Run's goroutine only
+	queued int64             // this stream's share of Metrics.SinkQueued (Run's goroutine only)
 }
 
 // ErrPastFence is returned when a batch was about to reach the sink after the lease's
@@ -291,6 +298,8 @@ func (s *Stream) session(ctx context.Context) error {
 
 	// A short queue: a deep one costs memory on every idle socket (a Message is ~56 bytes).
 	msgs := make(chan sink.Message, min(s.cfg.BatchSize, 32))
+	s.queue = msgs
+	defer s.setQueued(0)
 	readErr := make(chan error, 1)
 	done := make(chan struct{}) // closed to stop the writer
 	var wg sync.WaitGroup
@@ -363,15 +372,45 @@ func (s *Stream) flushQueued(ctx context.Context, msgs chan sink.Message) {
 	}
 }
 
+// setQueued records how many of this stream's messages wait for the sink (the
+// batch in hand and the queue behind it), in the worker-wide gauge.
+func (s *Stream) setQueued(n int64) {
+	s.cfg.Metrics.SinkQueued.Add(n - s.queued)
+	s.queued = n
+}
+
 // sinkWrite writes batch on a context that survives ctx's cancellation (bounded by
-// SinkTimeout), so a write in flight at a stop completes and is acknowledged.
+// SinkTimeout), so a write in flight at a stop completes and is acknowledged. While
+// it writes, the reader can queue only a few messages more before it stops reading
+// (and TCP pushes back on the upstream): a slow sink costs time, not memory. A write
+// that takes longer than SinkSlowAfter shows as status sink_slow until it ends.
 func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
 	if s.valid != nil && !s.valid() {
 		return ErrPastFence
 	}
+	s.setQueued(int64(len(batch) + len(s.queue)))
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SinkTimeout)
 	defer cancel()
-	if err := s.cfg.Sink.Write(wctx, batch); err != nil {
+	start := time.Now()
+	slowed := make(chan struct{})
+	slow := time.AfterFunc(s.cfg.SinkSlowAfter, func() {
+		defer close(slowed)
+		s.cfg.Metrics.SinkSlowWrites.Add(1)
+		s.cfg.Metrics.SinkSlow.Add(1)
+		s.setStatus("sink_slow", fmt.Errorf("a sink write of %d messages has taken over %s", len(batch), s.cfg.SinkSlowAfter))
+	})
+	err := s.cfg.Sink.Write(wctx, batch)
+	s.cfg.Metrics.SinkWrites.Add(1)
+	s.cfg.Metrics.SinkWriteNanos.Add(int64(time.Since(start)))
+	if !slow.Stop() {
+		<-slowed
+		s.cfg.Metrics.SinkSlow.Add(-1)
+		if err == nil {
+			s.setStatus("streaming", nil)
+		}
+	}
+	s.setQueued(int64(len(s.queue)))
+	if err != nil {
 		s.cfg.Metrics.SinkErrors.Add(1)
 		return fmt.Errorf("sink: %w", err)
 	}

@@ -394,3 +394,54 @@ func TestNothingReachesTheSinkPastTheFence(t *testing.T) {
 		t.Fatalf("last_seq moved from %d to %d past the fence", last, s.LastSeq())
 	}
 }
+
+// gateSink blocks every write until open is closed (or the write's context ends).
+type gateSink struct {
+	memSink
+	open chan struct{}
+}
+
+func (s *gateSink) Write(ctx context.Context, b []sink.Message) error {
+	select {
+	case <-s.open:
+		return s.memSink.Write(ctx, b)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// A sink slower than SinkSlowAfter shows as sink_slow in status and metrics, holds
+// at most a batch and the short queue in memory, and the stream goes on once it
+// answers: nothing skipped.
+func TestSlowSinkShowsAndBoundsTheQueue(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 2000})
+	snk := &gateSink{open: make(chan struct{})}
+	cfg := testConfig(t, snk, "seq")
+	cfg.SinkTimeout, cfg.SinkSlowAfter = 5*time.Second, 50*time.Millisecond
+	s := New(cfg, "slow", up.URL("slow"), 0)
+	stop := run(s)
+	waitFor(t, 5*time.Second, "sink_slow", func() bool { return s.Status().State == "sink_slow" })
+	if cfg.Metrics.SinkSlow.Load() != 1 || cfg.Metrics.SinkSlowWrites.Load() != 1 {
+		t.Fatalf("slow gauge %d, slow writes %d; want 1, 1", cfg.Metrics.SinkSlow.Load(), cfg.Metrics.SinkSlowWrites.Load())
+	}
+	time.Sleep(300 * time.Millisecond) // the upstream sends 600 more meanwhile
+	if q := cfg.Metrics.SinkQueued.Load(); q < 1 || q > int64(cfg.BatchSize) {
+		t.Fatalf("queue depth %d while blocked; want 1..%d (a batch and the short queue at most)", q, cfg.BatchSize)
+	}
+	if s.Status().Error == "" {
+		t.Fatal("sink_slow without a reason")
+	}
+	close(snk.open)
+	waitFor(t, 5*time.Second, "streaming again", func() bool { return s.Status().State == "streaming" && len(snk.seqs()) > 100 })
+	stop(ErrGraceful)
+	contiguous(t, snk.seqs(), 1)
+	if g := cfg.Metrics.SinkSlow.Load(); g != 0 {
+		t.Fatalf("slow gauge %d after recovery", g)
+	}
+	if q := cfg.Metrics.SinkQueued.Load(); q != 0 {
+		t.Fatalf("queue depth %d after stop", q)
+	}
+	if cfg.Metrics.SinkWrites.Load() == 0 || cfg.Metrics.SinkWriteNanos.Load() < int64(200*time.Millisecond) {
+		t.Fatalf("sink latency not measured: %d writes, %d ns", cfg.Metrics.SinkWrites.Load(), cfg.Metrics.SinkWriteNanos.Load())
+	}
+}
