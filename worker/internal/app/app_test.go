@@ -170,6 +170,9 @@ type opts struct {
 	max     int
 	startup bool
 	polling bool
+	stdout  io.Writer // set: the real stdout sink writes here instead of the memSink
+	sink    sink.Sink // set: this sink instead of the memSink
+	resume  string    // "": the default
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -191,15 +194,26 @@ func (e *env) worker(id string, o opts) *worker {
 	if o.polling {
 		cfg.Mode, cfg.PollInterval = schema.ModePolling, 300*time.Millisecond
 	}
+	if o.resume != "" {
+		cfg.Resume = o.resume
+	}
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}
 	w := &worker{id: id, sink: &memSink{}, cut: &cutter{}}
+	var snk sink.Sink = w.sink
+	switch {
+	case o.stdout != nil:
+		snk = nil // the one cfg names: stdout
+	case o.sink != nil:
+		snk = o.sink
+	}
 	a, err := New(cfg, Deps{
 		DB:       e.db.Client(w.cut, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }),
 		Listener: ln,
+		Stdout:   o.stdout,
 		Stderr:   io.Discard,
-		Sink:     w.sink,
+		Sink:     snk,
 		Stream: stream.Config{
 			BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,
 			PongWait: 2 * time.Second, HandshakeTimeout: 2 * time.Second,

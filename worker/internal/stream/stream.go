@@ -324,6 +324,11 @@ func (s *Stream) session(ctx context.Context) error {
 func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr chan error) error {
 	var batch []sink.Message // grown on demand, so an idle socket holds none
 	for {
+		// A cancellation wins over queued messages (select alone picks at random):
+		// after a stop the graceful flush delivers them, after a lost lease nothing.
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
