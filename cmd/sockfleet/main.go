@@ -1,5 +1,6 @@
 // Command sockfleet operates a sockfleet table: add, start, stop and remove
-// connections, list them and the workers, and watch both live.
+// connections, list them and the workers, and watch both live; and tail a sink
+// (Kinesis stream or file) to see what was delivered.
 //
 // It reaches DynamoDB through the standard AWS settings (profile, region,
 // AWS_ENDPOINT_URL_DYNAMODB, …), so the same command works against the local stack
@@ -34,9 +35,17 @@ connections:
 workers:
   workers                       list registered workers
   watch [--interval 1s]         live view of connections and workers
+messages:
+  tail SOURCE [--conn ID] [-f] [--latest]
+                                print what a sink received, one line per message, then
+                                a summary per connection (count, seq range, gaps,
+                                repeats); SOURCE is kinesis:STREAM (name or ARN) or
+                                file:PATH; -f follows; --latest starts at the newest
+                                Kinesis record instead of the oldest
 
 The table is --table, else $SOCKFLEET_TABLE, else "sockfleet". AWS access uses the
-standard settings: AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB, ...
+standard settings: AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB,
+AWS_ENDPOINT_URL_KINESIS, ...
 `
 
 func main() {
@@ -73,6 +82,13 @@ func run(ctx context.Context, args []string, table string, out io.Writer) error 
 		o.RetryMaxAttempts = 2 // an operator wants a quick, clear failure, not a long retry
 	})
 	c := &cli{db: db, table: table, out: out, now: time.Now}
+	if args[0] == "tail" {
+		o, err := parseTail(args[1:])
+		if err != nil {
+			return err
+		}
+		return c.tail(ctx, cfg, o)
+	}
 	return c.dispatch(ctx, args)
 }
 

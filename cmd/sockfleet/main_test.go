@@ -4,17 +4,24 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
-func TestMain(m *testing.M) { ddbtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	ddbtest.Stop()
+	kinesistest.Stop()
+	os.Exit(code)
+}
 
 // cmd runs the CLI as a user would, through the standard AWS environment settings.
 func setup(t *testing.T) (*ddbtest.Env, func(args ...string) (string, error)) {

@@ -75,9 +75,13 @@ var (
 // Main runs the tests and stops the engine afterwards.
 func Main(m *testing.M) {
 	code := m.Run()
-	proc.Stop()
+	Stop()
 	os.Exit(code)
 }
+
+// Stop ends the engine, if it was started: for a TestMain that runs more than one
+// engine.
+func Stop() { proc.Stop() }
 
 // New starts the engine on first use and creates a fresh table for t.
 func New(t testing.TB) *Env {

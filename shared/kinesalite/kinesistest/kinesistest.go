@@ -106,9 +106,13 @@ var (
 // Main runs the tests and stops the engine afterwards.
 func Main(m *testing.M) {
 	code := m.Run()
-	proc.Stop()
+	Stop()
 	os.Exit(code)
 }
+
+// Stop ends the engine, if it was started: for a TestMain that runs more than one
+// engine.
+func Stop() { proc.Stop() }
 
 // Endpoint starts the engine once per process and returns its URL.
 func Endpoint() (string, error) {

@@ -37,9 +37,9 @@ type KinesisOptions struct {
 	// OnRetry (may be nil) is told of each retry: how many records, and whether
 	// Kinesis refused them for throughput.
 	OnRetry    func(records int, throttled bool)
-	BackoffMin time.Duration // first retry wait; default 50 ms (throttled: 4×)
-	BackoffMax   time.Duration  // default 2 s
-	Jitter       func() float64 // in [0, 1); default math/rand/v2
+	BackoffMin time.Duration  // first retry wait; default 50 ms (throttled: 4×)
+	BackoffMax time.Duration  // default 2 s
+	Jitter     func() float64 // in [0, 1); default math/rand/v2
 }
 
 // KinesisStats count what the sink did, for metrics and tests.

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/kinesis"
+	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
+	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
+)
+
+// Records as the sinks write them (docs/SINKS.md), with a gap, a repeat, a bad
+// message, a binary one, an oversize stub and a line that is no record.
+var tailInput = []string{
+	`{"conn":"a","seq":1,"epoch":0,"data":{"seq":1,"p":"x"}}`,
+	`{"conn":"a","seq":2,"epoch":0,"data":{"seq":2}}`,
+	`{"conn":"b","seq":7,"epoch":1,"data_b64":"AAH/"}`,
+	`{"conn":"a","seq":2,"epoch":0,"data":{"seq":2}}`,
+	`{"conn":"a","seq":5,"epoch":0,"data":{"seq":5}}`,
+	`{"conn":"a","seq":5,"epoch":0,"bad":true,"data_b64":"bm90IGpzb24="}`,
+	`{"conn":"b","seq":8,"epoch":1,"bad":true,"oversize":1048700}`,
+	`not a record`,
+}
+
+var tailWant = []string{
+	"a\tseq=1 epoch=0\t{\"seq\":1,\"p\":\"x\"}",
+	"b\tseq=7 epoch=1\t(3 bytes) 0001ff",
+	"a\tseq=5 epoch=0 bad\t(8 bytes) 6e6f74206a736f6e",
+	"b\tseq=8 epoch=1 bad\t(oversize: 1048700 bytes, not delivered)",
+	"! not a sink record",
+	"2 connections",
+	"a\t5 messages, seq 1..5, 1 gaps, 1 repeats, 1 bad",
+	"b\t2 messages, seq 7..7, 0 gaps, 0 repeats, 1 bad",
+	"1 lines were not sink records",
+}
+
+func checkTail(t *testing.T, out string, want []string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("tail output lacks %q:\n%s", w, out)
+		}
+	}
+}
+
+func TestTailFile(t *testing.T) {
+	_, cmd := setup(t)
+	path := filepath.Join(t.TempDir(), "w1.jsonl")
+	if err := os.WriteFile(path, []byte(strings.Join(tailInput, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("tail", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTail(t, out, tailWant)
+	out, err = cmd("tail", path, "--conn", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "a\tseq=") || !strings.Contains(out, "1 connections") {
+		t.Fatalf("--conn b printed others:\n%s", out)
+	}
+}
+
+func TestTailKinesis(t *testing.T) {
+	_, cmd := setup(t)
+	k := kinesistest.New(t, 2)
+	for _, kv := range k.Environ() {
+		key, v, _ := strings.Cut(kv, "=")
+		t.Setenv(key, v)
+	}
+	var entries []types.PutRecordsRequestEntry
+	for _, l := range tailInput {
+		pk := "x"
+		if r, err := ParseRecord([]byte(l)); err == nil {
+			pk = r.Conn
+		}
+		entries = append(entries, types.PutRecordsRequestEntry{Data: []byte(l + "\n"), PartitionKey: aws.String(pk)})
+	}
+	if _, err := k.Kinesis.PutRecords(context.Background(), &kinesis.PutRecordsInput{StreamName: &k.Stream, Records: entries}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("tail", "kinesis:"+k.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTail(t, out, tailWant)
+}
+
+func TestTailBadInput(t *testing.T) {
+	_, cmd := setup(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tail"}, "bad usage"},
+		{[]string{"tail", "a", "b"}, "one source"},
+		{[]string{"tail", "x", "--nope"}, "unknown flag"},
+		{[]string{"tail", "file:/no/such/file"}, "no such file"},
+	} {
+		_, err := cmd(c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v; want an error with %q", c.args, err, c.want)
+		}
+	}
+	k := kinesistest.New(t, 1)
+	for _, kv := range k.Environ() {
+		key, v, _ := strings.Cut(kv, "=")
+		t.Setenv(key, v)
+	}
+	if _, err := cmd("tail", "kinesis:no-such-stream"); err == nil || !strings.Contains(err.Error(), "ResourceNotFound") {
+		t.Errorf("tail of a missing stream: %v", err)
+	}
+}
+
+func FuzzParseRecord(f *testing.F) {
+	for _, l := range tailInput {
+		f.Add([]byte(l))
+	}
+	f.Add([]byte(`{"conn":"a","data":1,"data_b64":"AA=="}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRecord(b)
+		if err == nil && r.Conn == "" {
+			t.Fatalf("accepted a record without conn: %q", b)
+		}
+		p := &printer{out: &strings.Builder{}, tallies: map[string]*tally{}}
+		p.line(b) // never panics, whatever the line
+	})
+}
