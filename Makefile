@@ -36,10 +36,11 @@ local-bin:
 	$(GO) build -o .local/bin/sockfleet-local ./cmd/sockfleet-local
 
 # Flags for sockfleet-local, e.g. make run RUN_ARGS='-worker-env SOCKFLEET_RESUME=none'.
+# `make run SINK=kinesis` delivers to a stream on kinesalite instead of files.
 RUN_ARGS ?=
 
 run: tools local-bin
-	.local/bin/sockfleet-local $(RUN_ARGS)
+	.local/bin/sockfleet-local $(if $(SINK),-sink $(SINK)) $(RUN_ARGS)
 
 test: tools vet fmt-check unit infra-test
 

@@ -20,7 +20,11 @@ const (
 	ctxRenewSeconds   = "renewSeconds"
 	ctxVpcID          = "vpcId"
 	ctxRetention      = "retention"
+	ctxKinesisStream  = "kinesisStream"
 )
+
+// KinesisCreate as the kinesisStream knob creates a stream in the stack.
+const KinesisCreate = "create"
 
 // skewMargin is the clock-skew allowance shared by the worker (it self-fences this
 // much before its lease ends in anyone's view, twice over) and the sweep (it only
@@ -38,6 +42,9 @@ type Config struct {
 	RenewSeconds          int // renew interval
 	VpcID                 string
 	RetentionDays         int // CloudWatch Logs retention of the worker and reconciler logs
+	// KinesisStream is where workers deliver: "" their stdout (CloudWatch Logs),
+	// KinesisCreate a new on-demand stream in the stack, or an existing stream's ARN.
+	KinesisStream string
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -71,7 +78,10 @@ func (c Config) ConnectionsTarget() float64 {
 	return math.Max(1, math.Floor(float64(c.MaxConnectionsPerTask)*0.6))
 }
 
-var vpcIDPattern = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
+var (
+	vpcIDPattern      = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
+	kinesisARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:[0-9]{12}:stream/[a-zA-Z0-9_.-]{1,128}$`)
+)
 
 // Validate checks every knob and the timing rule lease > renew deadline ≥ 2 × renew
 // interval, and reports all problems at once.
@@ -100,6 +110,10 @@ func (c Config) Validate() error {
 	}
 	if c.VpcID != "" && !vpcIDPattern.MatchString(c.VpcID) {
 		bad(ctxVpcID, "%q is not a VPC id (vpc-…)", c.VpcID)
+	}
+	if c.KinesisStream != "" && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
+		bad(ctxKinesisStream, "%q: want empty (stdout), %q (a new stream) or a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)",
+			c.KinesisStream, KinesisCreate)
 	}
 	if !validRetention(c.RetentionDays) {
 		bad(ctxRetention, "%d days; CloudWatch Logs accepts one of %v", c.RetentionDays, retentionChoices())
@@ -151,12 +165,23 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 		}
 		*f.dst = n
 	}
-	if v := get(ctxVpcID); v != nil {
+	strs := []struct {
+		key string
+		dst *string
+	}{
+		{ctxVpcID, &c.VpcID},
+		{ctxKinesisStream, &c.KinesisStream},
+	}
+	for _, f := range strs {
+		v := get(f.key)
+		if v == nil {
+			continue
+		}
 		s, ok := v.(string)
 		if !ok {
-			errs = append(errs, fmt.Errorf("context %s: %v is not a string", ctxVpcID, v))
+			errs = append(errs, fmt.Errorf("context %s: %v is not a string", f.key, v))
 		}
-		c.VpcID = strings.TrimSpace(s)
+		*f.dst = strings.TrimSpace(s)
 	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)

@@ -16,6 +16,7 @@ import (
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsevents"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awseventstargets"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awsiam"
+	"github.com/aws/aws-cdk-go/awscdk/v2/awskinesis"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambda"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslambdaeventsources"
 	"github.com/aws/aws-cdk-go/awscdk/v2/awslogs"
@@ -146,7 +147,10 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 		retention:   retention,
 	})
 
+	stream, streamRef := newSinkStream(stack, cfg)
 	service := newWorkers(stack, workerProps{
+		sink:        stream,
+		sinkRef:     streamRef,
 		cfg:         cfg,
 		repoRoot:    props.RepoRoot,
 		cluster:     cluster,
@@ -346,6 +350,30 @@ type workerProps struct {
 	secret      awssecretsmanager.ISecret
 	serviceName string
 	retention   awslogs.RetentionDays
+	sink        awskinesis.IStream // nil: the workers write to stdout
+	sinkRef     *string            // the stream as SOCKFLEET_SINK names it
+}
+
+// newSinkStream is the Kinesis stream the workers deliver to, if the kinesisStream
+// knob asks for one: created here (on demand, so no shard count to size; encrypted
+// with the AWS-managed key, which needs no KMS grant), or an existing one by ARN.
+func newSinkStream(stack awscdk.Stack, cfg Config) (awskinesis.IStream, *string) {
+	switch cfg.KinesisStream {
+	case "":
+		return nil, nil
+	case KinesisCreate:
+		s := awskinesis.NewStream(stack, jsii.String("Messages"), &awskinesis.StreamProps{
+			StreamMode:      awskinesis.StreamMode_ON_DEMAND,
+			Encryption:      awskinesis.StreamEncryption_MANAGED,
+			RetentionPeriod: awscdk.Duration_Hours(jsii.Number(24)),
+		})
+		awscdk.NewCfnOutput(stack, jsii.String("KinesisStreamName"), &awscdk.CfnOutputProps{
+			Value: s.StreamName(), Description: jsii.String("the Kinesis stream the workers deliver messages to"),
+		})
+		return s, s.StreamName()
+	default:
+		return awskinesis.Stream_FromStreamArn(stack, jsii.String("Messages"), jsii.String(cfg.KinesisStream)), jsii.String(cfg.KinesisStream)
+	}
 }
 
 // newWorkers defines the worker fleet: task definition, service and autoscaling.
@@ -365,6 +393,24 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
 
+	env := map[string]*string{
+		schema.EnvTable:          p.table.TableName(),
+		schema.EnvListenAddr:     jsii.String(":" + strconv.Itoa(schema.DefaultWakeupPort)),
+		schema.EnvMaxConnections: jsii.String(strconv.Itoa(cfg.MaxConnectionsPerTask)),
+		schema.EnvLease:          jsii.String(seconds(cfg.LeaseSeconds)),
+		schema.EnvRenewInterval:  jsii.String(seconds(cfg.RenewSeconds)),
+		schema.EnvRenewDeadline:  jsii.String(seconds(int(cfg.RenewDeadline().Seconds()))),
+		schema.EnvSkewMargin:     jsii.String(seconds(int(skewMargin.Seconds()))),
+		schema.EnvDrainTimeout:   jsii.String(seconds(drainTimeoutSeconds)),
+		schema.EnvServiceName:    jsii.String(p.serviceName),
+	}
+	if p.sink != nil {
+		// grantWrite: PutRecord(s) and ListShards on this stream, for the task role
+		// alone: the execution role never touches messages.
+		p.sink.GrantWrite(task.TaskRole())
+		env[schema.EnvSink] = awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("kinesis:"), p.sinkRef})
+	}
+
 	logs := awslogs.NewLogGroup(stack, jsii.String("WorkerLogs"), &awslogs.LogGroupProps{
 		Retention:     p.retention,
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
@@ -382,17 +428,7 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 			ContainerPort: jsii.Number(schema.DefaultWakeupPort),
 			Protocol:      awsecs.Protocol_TCP,
 		}},
-		Environment: &map[string]*string{
-			schema.EnvTable:          p.table.TableName(),
-			schema.EnvListenAddr:     jsii.String(":" + strconv.Itoa(schema.DefaultWakeupPort)),
-			schema.EnvMaxConnections: jsii.String(strconv.Itoa(cfg.MaxConnectionsPerTask)),
-			schema.EnvLease:          jsii.String(seconds(cfg.LeaseSeconds)),
-			schema.EnvRenewInterval:  jsii.String(seconds(cfg.RenewSeconds)),
-			schema.EnvRenewDeadline:  jsii.String(seconds(int(cfg.RenewDeadline().Seconds()))),
-			schema.EnvSkewMargin:     jsii.String(seconds(int(skewMargin.Seconds()))),
-			schema.EnvDrainTimeout:   jsii.String(seconds(drainTimeoutSeconds)),
-			schema.EnvServiceName:    jsii.String(p.serviceName),
-		},
+		Environment: &env,
 		// Injected by ECS at task start (the execution role reads it), never baked
 		// into the image or visible in the task definition.
 		Secrets: &map[string]awsecs.Secret{

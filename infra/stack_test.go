@@ -90,6 +90,43 @@ func synth() (err error) {
 	return nil
 }
 
+// synthWith synthesizes the stack afresh with cdk.json's context and extra on top.
+func synthWith(t *testing.T, extra map[string]any) (tpl assertions.Template, j obj) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != nil {
+			t.Fatalf("synth with %v panicked: %v", extra, r)
+		}
+	}()
+	ctx, err := cdkContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range extra {
+		ctx[k] = v
+	}
+	dir := t.TempDir()
+	code := filepath.Join(dir, "reconciler")
+	if err := os.MkdirAll(code, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(code, "bootstrap"), []byte("#!/bin/false\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := awscdk.NewApp(&awscdk.AppProps{Context: &ctx, Outdir: jsii.String(filepath.Join(dir, "cdk.out"))})
+	cfg, err := ConfigFromContext(func(key string) any { return app.Node().TryGetContext(jsii.String(key)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	stack := NewStack(app, stackName, &StackProps{Config: cfg, RepoRoot: root, ReconcilerCode: code})
+	tpl = assertions.Template_FromStack(stack, nil)
+	return tpl, *tpl.ToJSON()
+}
+
 func template(t *testing.T) (assertions.Template, map[string]any) {
 	t.Helper()
 	synthOnce.Do(func() { synthErr = synth() })
@@ -724,5 +761,88 @@ func TestDockerignore(t *testing.T) {
 		if !slices.Contains(lines, want) {
 			t.Errorf(".dockerignore does not exclude %s", want)
 		}
+	}
+}
+
+// workerEnv returns the worker container's environment.
+func workerEnv(t *testing.T, j obj) obj {
+	t.Helper()
+	_, task := only(t, j, "AWS::ECS::TaskDefinition", nil)
+	env := obj{}
+	for _, e := range asSlice(path(task, "ContainerDefinitions", 0, "Environment")) {
+		env[fmt.Sprint(path(e, "Name"))] = path(e, "Value")
+	}
+	return env
+}
+
+// kinesisStatements returns, per role, the statements granting Kinesis actions.
+func kinesisStatements(j obj) map[string][]statement {
+	out := map[string][]statement{}
+	for role, stmts := range roleStatements(j) {
+		for _, s := range stmts {
+			for _, a := range s.actions {
+				if strings.HasPrefix(a, "kinesis:") {
+					out[role] = append(out[role], s)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+var kinesisWrite = []string{"kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords"}
+
+// By default (cdk.json) there is no stream: workers write to stdout, no role may
+// touch Kinesis.
+func TestKinesisSinkOff(t *testing.T) {
+	tpl, j := template(t)
+	check(t, "no stream", func() { tpl.ResourceCountIs(jsii.String("AWS::Kinesis::Stream"), jsii.Number(0)) })
+	if v, ok := workerEnv(t, j)[schema.EnvSink]; ok {
+		t.Errorf("%s set to %v without a stream", schema.EnvSink, v)
+	}
+	if k := kinesisStatements(j); len(k) != 0 {
+		t.Errorf("Kinesis grants without a stream: %v", k)
+	}
+}
+
+// kinesisStream=create: an on-demand encrypted stream, written by the task role
+// only, named in the worker's SOCKFLEET_SINK.
+func TestKinesisSinkCreated(t *testing.T) {
+	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: KinesisCreate})
+	x := findIDs(t, j)
+	check(t, "on-demand encrypted stream", func() {
+		tpl.HasResourceProperties(jsii.String("AWS::Kinesis::Stream"), assertions.Match_ObjectLike(&map[string]any{
+			"StreamModeDetails":    obj{"StreamMode": "ON_DEMAND"},
+			"StreamEncryption":     obj{"EncryptionType": "KMS", "KeyId": "alias/aws/kinesis"},
+			"RetentionPeriodHours": 24,
+		}))
+	})
+	id, _ := only(t, j, "AWS::Kinesis::Stream", nil)
+	wantSame(t, "worker sink", workerEnv(t, j)[schema.EnvSink], obj{"Fn::Join": []any{"", []any{"kinesis:", ref(id)}}})
+	grants := kinesisStatements(j)
+	if len(grants) != 1 || grants[x.taskRole] == nil {
+		t.Fatalf("Kinesis grants %v; want the task role's only", grants)
+	}
+	wantSame(t, "task role Kinesis actions", actionSet(grants[x.taskRole]), kinesisWrite)
+	for _, s := range grants[x.taskRole] {
+		wantSame(t, "task role Kinesis resource", s.resource, getAtt(id, "Arn"))
+	}
+}
+
+// kinesisStream=ARN: an existing stream, no new one; the grant names that ARN.
+func TestKinesisSinkExisting(t *testing.T) {
+	const arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/feed"
+	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: arn})
+	x := findIDs(t, j)
+	check(t, "no new stream", func() { tpl.ResourceCountIs(jsii.String("AWS::Kinesis::Stream"), jsii.Number(0)) })
+	wantSame(t, "worker sink", workerEnv(t, j)[schema.EnvSink], "kinesis:"+arn)
+	grants := kinesisStatements(j)
+	if len(grants) != 1 || grants[x.taskRole] == nil {
+		t.Fatalf("Kinesis grants %v; want the task role's only", grants)
+	}
+	wantSame(t, "task role Kinesis actions", actionSet(grants[x.taskRole]), kinesisWrite)
+	for _, s := range grants[x.taskRole] {
+		wantSame(t, "task role Kinesis resource", s.resource, arn)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -27,10 +28,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/aws/aws-sdk-go-v2/service/kinesis"
+	ktypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/kinesalite"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -43,6 +47,8 @@ type options struct {
 	sweep                   time.Duration
 	rate                    float64
 	workerEnv               envList // explicit worker settings, NAME=VALUE
+	sink                    string  // file or kinesis
+	kinesisPort             int
 }
 
 // envList is a repeatable NAME=VALUE flag.
@@ -72,6 +78,8 @@ func main() {
 	flag.Float64Var(&o.rate, "rate", 2, "demo upstream messages per second per stream")
 	flag.DurationVar(&o.sweep, "sweep", time.Minute, "backstop sweep period")
 	flag.Var(&o.workerEnv, "worker-env", "a worker setting NAME=VALUE, e.g. SOCKFLEET_RESUME=none (repeatable); beats the fleet's defaults")
+	flag.StringVar(&o.sink, "sink", "file", "where workers deliver: file (one JSON-lines file per worker) or kinesis (a stream on the local Kinesis engine, kinesalite)")
+	flag.IntVar(&o.kinesisPort, "kinesis-port", 4567, "port of the local Kinesis engine (-sink kinesis)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sockfleet-local: unexpected arguments %q (worker settings go in -worker-env NAME=VALUE)\n", flag.Args())
@@ -106,7 +114,12 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	secret := make([]byte, 32)
 	rand.Read(secret)
 	workerBin := abs(filepath.Join(o.bin, "worker"))
-	workerEnv := func(int, string) []string { return o.workerEnv }
+	sinkEnv, sinks, tailHint, err := sinkSettings(o)
+	if err != nil {
+		return err
+	}
+	// -worker-env comes last, so it beats the sink's settings too.
+	workerEnv := func(int, string) []string { return append(slices.Clone(sinkEnv), o.workerEnv...) }
 	// Before anything starts: a bad worker setting is reported once, in the worker's words.
 	if err := fleet.CheckWorkerConfig(ctx, fleet.Config{
 		Dir: o.dir, WorkerBin: workerBin, WorkerEnv: workerEnv, Secret: hex.EncodeToString(secret),
@@ -145,6 +158,14 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	defer up.Close()
 
+	if o.sink == "kinesis" {
+		ks, err := startKinesis(ctx, o, log)
+		if err != nil {
+			return err
+		}
+		defer ks.Stop()
+	}
+
 	st, err := fleet.Start(ctx, fleet.Config{
 		Dir: o.dir, Endpoint: engine.Endpoint, Table: o.table, Cluster: "sockfleet-local",
 		Secret:  hex.EncodeToString(secret),
@@ -168,7 +189,7 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   workers           %s (restarted like an ECS service, each start a new id); logs in %s/logs
   worker settings   %s
   sweep             every %s
-  sinks             %s/sinks/<worker>.jsonl
+  sinks             %s
 
 In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
@@ -178,8 +199,9 @@ In another terminal:
   .local/bin/sockfleet conn stop demo-1                        # closes within a second
   .local/bin/sockfleet conn start demo-1
   kill -9 $(pgrep -f '^%[13]s' | head -1)   # failover: watch the owners change
+  .local/bin/sockfleet %[14]s   # what was delivered
 `, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
-		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, o.dir, workerBin)
+		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, workerBin, tailHint)
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
@@ -227,4 +249,65 @@ func seed(ctx context.Context, db *dynamodb.Client, table string, up *demoupstre
 		}
 	}
 	return added
+}
+
+// sinkSettings returns the workers' sink settings for -sink, and how the banner
+// describes the sinks and how to read them.
+func sinkSettings(o options) (env []string, sinks, tail string, err error) {
+	switch o.sink {
+	case "", "file":
+		return nil, o.dir + "/sinks/<worker>.jsonl", "tail file:" + o.dir + "/sinks/<worker>.jsonl", nil
+	case "kinesis":
+		endpoint := fmt.Sprintf("http://127.0.0.1:%d", o.kinesisPort)
+		return []string{"AWS_ENDPOINT_URL_KINESIS=" + endpoint, schema.EnvSink + "=kinesis:" + localStream},
+			fmt.Sprintf("Kinesis stream %s on kinesalite at %s, data in %s", localStream, endpoint, kinesisPath(o)),
+			"AWS_ENDPOINT_URL_KINESIS=" + endpoint + " .local/bin/sockfleet tail kinesis:" + localStream, nil
+	}
+	return nil, "", "", fmt.Errorf("-sink %q: want file or kinesis", o.sink)
+}
+
+// localStream is the Kinesis stream `make run SINK=kinesis` delivers to.
+const localStream = "sockfleet-local"
+
+func kinesisPath(o options) string { return filepath.Join(o.dir, "kinesalite") }
+
+// startKinesis runs kinesalite, file-backed under the state folder, and creates the
+// stream if it is missing.
+func startKinesis(ctx context.Context, o options, log *slog.Logger) (*kinesalite.Proc, error) {
+	logFile, err := os.Create(filepath.Join(o.dir, "logs", "kinesalite.log"))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(kinesisPath(o), 0o755); err != nil {
+		return nil, err
+	}
+	ks, err := kinesalite.Start(kinesalite.Options{Port: o.kinesisPort, Path: kinesisPath(o), Log: logFile})
+	if err != nil {
+		return nil, fmt.Errorf("%w (is another `make run` using port %d? pass -kinesis-port)", err, o.kinesisPort)
+	}
+	k := kinesis.New(kinesis.Options{
+		Region: fleet.LocalRegion, BaseEndpoint: aws.String(ks.Endpoint),
+		Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
+	})
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = k.CreateStream(cctx, &kinesis.CreateStreamInput{StreamName: aws.String(localStream), ShardCount: aws.Int32(2)})
+	var inUse *ktypes.ResourceInUseException
+	created := err == nil
+	if err != nil && !errors.As(err, &inUse) {
+		ks.Stop()
+		return nil, fmt.Errorf("create stream %s: %w", localStream, err)
+	}
+	for {
+		out, err := k.DescribeStreamSummary(cctx, &kinesis.DescribeStreamSummaryInput{StreamName: aws.String(localStream)})
+		if err == nil && out.StreamDescriptionSummary.StreamStatus == ktypes.StreamStatusActive {
+			log.Info("kinesis stream ready", "stream", localStream, "created", created)
+			return ks, nil
+		}
+		if cctx.Err() != nil {
+			ks.Stop()
+			return nil, fmt.Errorf("stream %s not active: %v", localStream, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

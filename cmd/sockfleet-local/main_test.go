@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/kinesalite"
+	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
@@ -89,6 +92,12 @@ type localFleet struct {
 // startLocal starts a fleet in its own folder on free ports: every port flag at 0.
 func startLocal(t *testing.T, bins fleet.Binaries, env ...string) *localFleet {
 	t.Helper()
+	return startLocalWith(t, bins, nil, env...)
+}
+
+// startLocalWith is startLocal with edit (may be nil) applied to the options.
+func startLocalWith(t *testing.T, bins fleet.Binaries, edit func(*options), env ...string) *localFleet {
+	t.Helper()
 	dir := t.TempDir()
 	f := &localFleet{
 		o: options{
@@ -97,6 +106,9 @@ func startLocal(t *testing.T, bins fleet.Binaries, env ...string) *localFleet {
 			lambdaAddr: "127.0.0.1:0", upstream: "127.0.0.1:0", workerEnv: env,
 		},
 		done: make(chan struct{}),
+	}
+	if edit != nil {
+		edit(&f.o)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
@@ -245,5 +257,83 @@ func TestRunRefusesBadWorkerSettings(t *testing.T) {
 	var l envList
 	if err := l.Set("SOCKFLEET_WORKER_ID=x"); err == nil {
 		t.Error("the flag accepted a fleet-owned variable")
+	}
+}
+
+// TestRunWithKinesisSink runs what `make run SINK=kinesis` runs: the demo
+// connections stream into a stream on kinesalite, and after the drain the
+// file-backed stream, reopened, holds every message up to each released checkpoint,
+// each connection under its own partition key and without a gap.
+func TestRunWithKinesisSink(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a local fleet")
+	}
+	bins := binaries(t)
+	port := freePort(t)
+	f := startLocalWith(t, bins, func(o *options) { o.sink, o.kinesisPort = "kinesis", port })
+	ctx := context.Background()
+	deadline := time.Now().Add(2 * time.Minute)
+	for f.streaming(ctx) < f.o.demos {
+		f.checkRunning(t)
+		if time.Now().After(deadline) {
+			t.Fatalf("not streaming within 2 minutes: %d of %d\n%s", f.streaming(ctx), f.o.demos, f.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if out := f.out.String(); !strings.Contains(out, "tail kinesis:"+localStream) {
+		t.Errorf("the banner does not say how to read the stream:\n%s", out)
+	}
+	f.cancel()
+	select {
+	case <-f.done:
+		if f.err != nil {
+			t.Fatal(f.err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("stopping took over 60s")
+	}
+	engine, err := dynoxide.Start(dynoxide.Options{Port: f.o.dbPort, DBPath: filepath.Join(f.o.dir, "dynoxide.db")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Stop()
+	checkpoints := map[string]int64{}
+	for i := 1; i <= f.o.demos; i++ {
+		c, err := f.store.Get(ctx, fmt.Sprintf("demo-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Owned() || c.LastSeq == 0 {
+			t.Errorf("after stop, %s is %+v; want released with its checkpoint", c.ID, c)
+		}
+		checkpoints[c.ID] = c.LastSeq
+	}
+	ks, err := kinesalite.Start(kinesalite.Options{Port: port, Path: kinesisPath(f.o)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ks.Stop()
+	recs, err := kinesistest.ReadAll(ctx, kinesistest.Client(ks.Endpoint), localStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := map[string]int64{}
+	for _, r := range recs {
+		var m struct {
+			Conn string `json:"conn"`
+			Seq  int64  `json:"seq"`
+		}
+		if err := json.Unmarshal(r.Data, &m); err != nil || m.Conn != r.PartitionKey {
+			t.Fatalf("record %q under key %s: %v", r.Data, r.PartitionKey, err)
+		}
+		if m.Seq > next[m.Conn]+1 {
+			t.Fatalf("%s: gap in the stream: %d after %d", m.Conn, m.Seq, next[m.Conn])
+		}
+		next[m.Conn] = max(next[m.Conn], m.Seq)
+	}
+	for id, cp := range checkpoints {
+		if next[id] < cp {
+			t.Errorf("%s: the stream holds up to %d, checkpoint %d", id, next[id], cp)
+		}
 	}
 }

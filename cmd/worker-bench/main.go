@@ -4,7 +4,10 @@
 //   - resident memory per idle connection at several connection counts: the worker's
 //     VmRSS with N idle streaming connections, less its VmRSS with none, over N;
 //   - messages per second one worker delivers to a file sink, with the upstream
-//     sending as fast as the worker reads.
+//     sending as fast as the worker reads;
+//   - the same to Kinesis Data Streams on kinesalite next to the file sink, the
+//     latency from the upstream's send to the Kinesis record, and a 10 s Kinesis
+//     stall: leases renewed through it, renew failures, memory, backpressure.
 //
 // `make bench` runs it. It builds the worker and demo-upstream binaries first, so it
 // needs the Go toolchain, and the local engine that `make tools` installs. Each
@@ -54,6 +57,10 @@ func main() {
 	flag.DurationVar(&timings.lease, "lease", 10*time.Minute, "worker lease duration")
 	flag.DurationVar(&timings.renew, "renew", 4*time.Minute, "worker renew interval")
 	flag.DurationVar(&timings.deadline, "renew-deadline", 8*time.Minute, "worker renew deadline")
+	flag.StringVar(&kin.conns, "kinesis", "1,100", "connection counts for the Kinesis-vs-file sink comparison (empty: skip the Kinesis runs)")
+	flag.IntVar(&kin.latConns, "kinesis-latency-conns", 100, "connections of the Kinesis latency and stall runs")
+	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
+	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
 		fmt.Fprintln(os.Stderr, "worker-bench:", err)
@@ -62,6 +69,13 @@ func main() {
 }
 
 var timings struct{ lease, renew, deadline time.Duration }
+
+var kin struct {
+	conns    string
+	latConns int
+	latRate  float64
+	stall    time.Duration
+}
 
 func parseInts(s string) []int {
 	var out []int
@@ -129,6 +143,12 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 				return fmt.Errorf("throughput at %d: %w", n, err)
 			}
 		}
+		fmt.Println()
+	}
+	if k := parseInts(kin.conns); len(k) > 0 {
+		if err := b.runKinesis(k, dur, size, kin.latConns, kin.latRate, kin.stall); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -179,6 +199,11 @@ func freeAddr() string {
 }
 
 func (b *bench) startWorker(table string, max int, sink string) (*proc, error) {
+	return b.startWorkerEnv(table, max, sink, nil)
+}
+
+// startWorkerEnv starts a worker with extra environment (later values win).
+func (b *bench) startWorkerEnv(table string, max int, sink string, extra []string) (*proc, error) {
 	addr := freeAddr()
 	cmd := exec.Command(b.worker)
 	cmd.Env = append(os.Environ(),
@@ -190,6 +215,7 @@ func (b *bench) startWorker(table string, max int, sink string) (*proc, error) {
 		schema.EnvLease+"="+timings.lease.String(), schema.EnvRenewInterval+"="+timings.renew.String(),
 		schema.EnvRenewDeadline+"="+timings.deadline.String(),
 	)
+	cmd.Env = append(cmd.Env, extra...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
 		return nil, err
