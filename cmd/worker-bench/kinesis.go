@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -21,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	ktypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"github.com/sockfleet/sockfleet/shared/kinesalite"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
@@ -42,6 +45,7 @@ func newStallProxy(target string) (*stallProxy, error) {
 		return nil, err
 	}
 	p := &stallProxy{rp: httputil.NewSingleHostReverseProxy(u), addr: "http://" + ln.Addr().String()}
+	p.rp.ErrorLog = log.New(io.Discard, "", 0) // calls the worker abandoned at its sink timeout
 	go func() { _ = http.Serve(ln, p) }()
 	return p, nil
 }
@@ -256,7 +260,7 @@ func (kb *kinesisBench) stall(n int, rate float64, d time.Duration) error {
 		return err
 	}
 	// Renew every 2 s, so a 10 s stall spans five rounds of renewals.
-	env := append(kb.kinesisEnv(), "SOCKFLEET_LEASE=20s", "SOCKFLEET_RENEW_INTERVAL=2s", "SOCKFLEET_RENEW_DEADLINE=10s")
+	env := append(kb.kinesisEnv(), schema.EnvLease+"=20s", schema.EnvRenewInterval+"=2s", schema.EnvRenewDeadline+"=10s")
 	w, err := kb.startWorkerEnv(table, n, "kinesis:"+stream, env)
 	if err != nil {
 		return err
