@@ -400,4 +400,3 @@ func (b *bench) runKinesis(tput []int, dur time.Duration, size int, latConns int
 	}
 	return nil
 }
-
