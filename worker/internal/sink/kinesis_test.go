@@ -281,3 +281,11 @@ func TestKinesisBadStreamNames(t *testing.T) {
 		}
 	}
 }
+
+// The oversize stub is part of the record format (docs/SINKS.md).
+func TestOversizeStubGolden(t *testing.T) {
+	got := string(appendOversize(nil, Message{Conn: "a\"b", Seq: 9, Epoch: 1}, 1048600))
+	if want := `{"conn":"a\"b","seq":9,"epoch":1,"bad":true,"oversize":1048600}` + "\n"; got != want {
+		t.Fatalf("got %s want %s", got, want)
+	}
+}
