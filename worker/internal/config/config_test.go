@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
 
 const secret = "0123456789abcdef0123"
@@ -63,6 +64,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{schema.EnvSkewMargin: "45s", schema.EnvLease: "60s"}, schema.EnvSkewMargin}, // 60-45 < 20
 		{map[string]string{schema.EnvWakeupSecret: "short"}, schema.EnvWakeupSecret},
 		{map[string]string{schema.EnvSink: "kafka://x"}, schema.EnvSink},
+		{map[string]string{schema.EnvSink: "kinesis:"}, schema.EnvSink},
+		{map[string]string{schema.EnvSink: "kinesis:has space"}, schema.EnvSink},
+		{map[string]string{schema.EnvSink: "kinesis:arn:aws:sqs:us-east-1:123456789012:q"}, schema.EnvSink},
 		{map[string]string{schema.EnvResume: "cookie:x"}, schema.EnvResume},
 		{map[string]string{schema.EnvSeqPath: "a..b"}, schema.EnvSeqPath},
 		{map[string]string{schema.EnvBadMessages: "explode"}, schema.EnvBadMessages},
@@ -85,6 +89,25 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		_, err := Load(context.Background(), getenv(env))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err %v, want it to name %s", tc.set, err, tc.want)
+		}
+	}
+}
+
+// A Kinesis sink spec is checked at load time, without reaching AWS, and opens a
+// Kinesis sink.
+func TestKinesisSinkSpec(t *testing.T) {
+	for _, spec := range []string{"kinesis:feed-1", "kinesis:arn:aws:kinesis:us-east-1:123456789012:stream/feed-1"} {
+		c, err := Load(context.Background(), getenv(map[string]string{schema.EnvWakeupSecret: secret, schema.EnvWorkerID: "w", schema.EnvSink: spec}))
+		if err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		t.Setenv("AWS_REGION", "us-east-1")
+		snk, err := c.OpenSink(context.Background(), nil, sink.KinesisOptions{})
+		if err != nil {
+			t.Fatalf("%s: %v", spec, err)
+		}
+		if _, ok := snk.(*sink.Kinesis); !ok {
+			t.Fatalf("%s opened a %T", spec, snk)
 		}
 	}
 }
