@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
 // Context keys: the knobs an operator sets in cdk.json or with `cdk deploy -c key=value`.
@@ -30,7 +32,7 @@ const KinesisCreate = "create"
 // much before its lease ends in anyone's view, twice over) and the sweep (it only
 // releases leases expired by more than this). Fargate hosts sync time through the
 // Amazon Time Sync Service, which keeps skew in the milliseconds.
-const skewMargin = 5 * time.Second
+const skewMargin = 2 * time.Second
 
 // Config is what the context knobs decide. The zero value is not valid; start from
 // DefaultConfig.
@@ -49,17 +51,17 @@ type Config struct {
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
 //
-// Lease 60 s and renew 20 s: with event-driven failover the lease no longer sets
-// failover time, only how long a silently hung worker keeps its connections, so the
-// renew rate is chosen for cost (180 writes per connection-hour, a quarter of a 5 s
-// heartbeat) while a worker still gets two retries before it must self-fence.
+// Lease 11 s and renew 3 s: these time the worker's membership lease (one write per
+// worker, not per connection; see docs/MEMBERSHIP.md). A hung worker's connections
+// move once its lease lapsed beyond the skew margin, so the lease sets that failover
+// time; the renew deadline (lease − 2 × margin = 7 s) tolerates one failed renew.
 func DefaultConfig() Config {
 	return Config{
 		MaxConnectionsPerTask: 500,
 		DesiredCount:          2,
 		MaxCount:              10,
-		LeaseSeconds:          60,
-		RenewSeconds:          20,
+		LeaseSeconds:          11,
+		RenewSeconds:          3,
 		RetentionDays:         30,
 	}
 }
@@ -102,8 +104,8 @@ func (c Config) Validate() error {
 	if c.RenewSeconds < 1 {
 		bad(ctxRenewSeconds, "%d, want at least 1", c.RenewSeconds)
 	}
-	if c.LeaseSeconds < 1 || c.LeaseSeconds > 3600 {
-		bad(ctxLeaseSeconds, "%d, want 1 to 3600", c.LeaseSeconds)
+	if c.LeaseSeconds < 1 || c.LeaseSeconds > schema.MaxMemberLeaseSeconds {
+		bad(ctxLeaseSeconds, "%d, want 1 to %d (the membership lease)", c.LeaseSeconds, schema.MaxMemberLeaseSeconds)
 	} else if c.RenewSeconds >= 1 && c.RenewDeadline() < 2*time.Duration(c.RenewSeconds)*time.Second {
 		bad(ctxLeaseSeconds, "%d with %s %d: the renew deadline (lease − %v) must leave room for two renew intervals, so %s must be at least %d",
 			c.LeaseSeconds, ctxRenewSeconds, c.RenewSeconds, 2*skewMargin, ctxLeaseSeconds, 2*c.RenewSeconds+int(2*skewMargin/time.Second))

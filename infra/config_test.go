@@ -12,8 +12,8 @@ func TestDefaultConfigIsValid(t *testing.T) {
 	if err := DefaultConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if got := DefaultConfig().RenewDeadline().String(); got != "50s" {
-		t.Errorf("renew deadline %s, want 50s", got)
+	if got := DefaultConfig().RenewDeadline().String(); got != "7s" {
+		t.Errorf("renew deadline %s, want 7s", got)
 	}
 }
 
@@ -68,7 +68,7 @@ func TestConfigFromContext(t *testing.T) {
 		{name: "max below desired", ctx: map[string]any{ctxDesiredCount: 5.0, ctxMaxCount: 4.0}, wantErr: []string{ctxMaxCount}},
 		{name: "capacity", ctx: map[string]any{ctxMaxConnections: 0.0}, wantErr: []string{ctxMaxConnections}},
 		{name: "lease too short for renew", ctx: map[string]any{ctxLeaseSeconds: 30.0, ctxRenewSeconds: 20.0},
-			wantErr: []string{ctxLeaseSeconds, "at least 50"}},
+			wantErr: []string{ctxLeaseSeconds, "at least 44"}},
 		{name: "renew zero", ctx: map[string]any{ctxRenewSeconds: 0.0}, wantErr: []string{ctxRenewSeconds}},
 		{name: "bad vpc", ctx: map[string]any{ctxVpcID: "subnet-123"}, wantErr: []string{ctxVpcID}},
 		{name: "kinesis create", ctx: map[string]any{ctxKinesisStream: "create"},

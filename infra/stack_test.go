@@ -388,7 +388,7 @@ func TestReconcilerFunction(t *testing.T) {
 		schema.EnvTable:           ref(x.table),
 		schema.EnvWakeupSecretARN: ref(x.secret),
 		schema.EnvClusterARN:      getAtt(x.cluster, "Arn"),
-		schema.EnvSkewMargin:      "5s",
+		schema.EnvSkewMargin:      "2s",
 		schema.EnvSweepPeriod:     seconds(sweepPeriodSeconds),
 	})
 	// In private subnets only.
@@ -634,8 +634,8 @@ func TestWorkerTask(t *testing.T) {
 		schema.EnvMaxConnections: fmt.Sprint(cfg.MaxConnectionsPerTask),
 		schema.EnvLease:          seconds(cfg.LeaseSeconds),
 		schema.EnvRenewInterval:  seconds(cfg.RenewSeconds),
-		schema.EnvRenewDeadline:  "50s",
-		schema.EnvSkewMargin:     "5s",
+		schema.EnvRenewDeadline:  "7s",
+		schema.EnvSkewMargin:     "2s",
 		schema.EnvDrainTimeout:   "60s",
 		schema.EnvServiceName:    stackName + "-worker",
 	})

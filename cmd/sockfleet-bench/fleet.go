@@ -22,6 +22,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -80,7 +81,8 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 			return fail(err)
 		}
 	}
-	if f.up, err = demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: spec.Rate, Size: spec.Size}); err != nil {
+	if f.up, err = demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: spec.Rate, Size: spec.Size,
+		ClientTimeout: 5 * time.Second}); err != nil {
 		return fail(err)
 	}
 	if f.workers, err = fleet.NewFaultProxy(f.engine.Endpoint, 1); err != nil {
@@ -109,7 +111,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		cfg.SweepEvery = sweepPeriod
 		cfg.ReconcilerEnv = []string{
 			schema.EnvSweepPeriod + "=" + sweepPeriod.String(),
-			schema.EnvSkewMargin + "=5s",
+			schema.EnvSkewMargin + "=" + membership.DefaultSkew.String(),
 			"AWS_ENDPOINT_URL_DYNAMODB=" + f.recon.Endpoint(),
 		}
 	}

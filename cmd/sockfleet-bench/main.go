@@ -94,7 +94,8 @@ type options struct {
 }
 
 var timings = map[string]string{
-	schema.ModeStream: "the worker's defaults (lease 60 s, renew every 20 s, skew margin 5 s); the reconciler " +
+	schema.ModeStream: "the worker's defaults (membership lease 11 s renewed every 3 s, fence 7 s, skew margin 2 s, " +
+		"checkpoints at most every 30 s, backstop read every 60 s); the reconciler " +
 		"binary under the Lambda runtime emulator, fed by the local stream poller with the production filters; " +
 		"backstop sweep every 60 s",
 	schema.ModePolling: "`SOCKFLEET_MODE=polling`, the seed's timings (heartbeat 5 s, lease 20 s, margin 2 s, " +

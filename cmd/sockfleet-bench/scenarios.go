@@ -11,19 +11,23 @@ import (
 
 // ModeResult is everything measured for one mode. Times are in milliseconds.
 type ModeResult struct {
-	Mode     string `json:"mode"`
-	Timings  string `json:"timings"`
-	Workers  int    `json:"workers"`
-	Conns    int    `json:"conns"`
-	Rate     float64
-	Sigterm  []float64 `json:"sigterm_gap_ms"`
-	Sigkill  []float64 `json:"sigkill_gap_ms"`
-	Victims  []int     `json:"victims_per_trial"` // SIGTERM trials, then SIGKILL trials
-	Started  []float64 `json:"flip_started_ms"`
-	Stopped  []float64 `json:"flip_stopped_ms"`
-	Steady   *Steady   `json:"steady,omitempty"`
-	Mass     *Mass     `json:"mass,omitempty"`
-	Problems []string  `json:"problems,omitempty"`
+	Mode    string `json:"mode"`
+	Timings string `json:"timings"`
+	Workers int    `json:"workers"`
+	Conns   int    `json:"conns"`
+	Rate    float64
+	Sigterm []float64 `json:"sigterm_gap_ms"`
+	Sigkill []float64 `json:"sigkill_gap_ms"`
+	// Sigstop: a hung worker (SIGSTOP, then SIGCONT once its connections stream
+	// elsewhere), signal to all of them streaming elsewhere.
+	Sigstop     []float64 `json:"sigstop_gap_ms,omitempty"`
+	StopVictims []int     `json:"sigstop_victims,omitempty"`
+	Victims     []int     `json:"victims_per_trial"` // SIGTERM trials, then SIGKILL trials
+	Started     []float64 `json:"flip_started_ms"`
+	Stopped     []float64 `json:"flip_stopped_ms"`
+	Steady      *Steady   `json:"steady,omitempty"`
+	Mass        *Mass     `json:"mass,omitempty"`
+	Problems    []string  `json:"problems,omitempty"`
 }
 
 // Steady is the fleet's DynamoDB bill and reconciler invocations over a quiet window.
@@ -135,6 +139,16 @@ func (r *runner) small(ctx context.Context, f *benchFleet, res *ModeResult) erro
 			r.logf("%s: %s trial %d: %d connections streaming elsewhere after %s", res.Mode, sigName(sig), i, n, gap.Round(time.Millisecond))
 		}
 	}
+	for i := range r.trials {
+		gap, n, err := r.failover(ctx, f, syscall.SIGSTOP, 2*time.Minute)
+		if err != nil {
+			res.Problems = append(res.Problems, fmt.Sprintf("SIGSTOP trial %d: %v", i, err))
+			r.logf("%s: SIGSTOP trial %d: %v", res.Mode, i, err)
+			continue
+		}
+		res.Sigstop, res.StopVictims = append(res.Sigstop, ms1(gap)), append(res.StopVictims, n)
+		r.logf("%s: SIGSTOP trial %d: %d connections streaming elsewhere after %s", res.Mode, i, n, gap.Round(time.Millisecond))
+	}
 	return nil
 }
 
@@ -213,6 +227,11 @@ func (r *runner) failover(ctx context.Context, f *benchFleet, sig syscall.Signal
 		return 0, 0, err
 	}
 	gap, err := f.waitGap(ctx, t0, victims, id, 10*time.Millisecond, timeout)
+	if sig == syscall.SIGSTOP {
+		// Let it go: in stream mode it learns it was declared dead and exits (the
+		// supervisor replaces it); in polling mode it finds its leases taken.
+		_ = f.stack.Sup.Signal(slot, syscall.SIGCONT)
+	}
 	return gap, len(victims), err
 }
 
@@ -257,8 +276,11 @@ func (r *runner) mass(ctx context.Context, f *benchFleet, m *Mass) error {
 }
 
 func sigName(s syscall.Signal) string {
-	if s == syscall.SIGKILL {
+	switch s {
+	case syscall.SIGKILL:
 		return "SIGKILL"
+	case syscall.SIGSTOP:
+		return "SIGSTOP"
 	}
 	return "SIGTERM"
 }

@@ -179,6 +179,9 @@ func (c *cli) printConns(rows []row) {
 		if r.c.Owned() {
 			owner = r.c.LeaseOwner
 			left = (time.Duration(r.c.LeaseExpiresAtMs-now) * time.Millisecond).Round(time.Second).String()
+			if r.c.LeaseExpiresAtMs == schema.LeaseHeldByMember {
+				left = "member" // stream mode: as long as the owner's membership
+			}
 		}
 		status := r.c.Status
 		if r.c.StatusError != "" {
@@ -214,6 +217,9 @@ func (c *cli) printWorkers(ws []codec.Worker, bad []error) {
 		hb := "expires in " + (time.Duration(w.HeartbeatExpiresAtMs-now) * time.Millisecond).Round(time.Second).String()
 		if !w.Live(now) {
 			hb = "LAPSED " + (time.Duration(now-w.HeartbeatExpiresAtMs) * time.Millisecond).Round(time.Second).String() + " ago"
+		}
+		if w.Dead() {
+			hb = "DEAD (declared " + (time.Duration(now-w.DeadAtMs) * time.Millisecond).Round(time.Second).String() + " ago)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%v\t%s\n", w.ID, w.Addr, w.Load, w.Capacity, w.Draining, hb)
 	}

@@ -50,13 +50,13 @@ func main() {
 	tput := flag.String("throughput", "1,100", "connection counts for the file-sink throughput measurement")
 	dur := flag.Duration("duration", 10*time.Second, "throughput measurement window")
 	size := flag.Int("size", 64, "payload bytes per message in the throughput run")
-	// The local engine serialises writes (a few hundred per second on 2 cores, see the
-	// lease store benchmarks), below the 500/s that 10,000 leases renewed every 20 s
-	// need; long timings keep renewals from starving the start-up acquisitions. They
-	// do not change what a socket costs in memory.
-	flag.DurationVar(&timings.lease, "lease", 10*time.Minute, "worker lease duration")
-	flag.DurationVar(&timings.renew, "renew", 4*time.Minute, "worker renew interval")
-	flag.DurationVar(&timings.deadline, "renew-deadline", 8*time.Minute, "worker renew deadline")
+	// The worker's stream-mode defaults: the membership lease is one write per worker,
+	// whatever the connection count (and may be at most 30 s), so renewals no longer
+	// compete with the start-up acquisitions. Timings do not change what a socket
+	// costs in memory.
+	flag.DurationVar(&timings.lease, "lease", 11*time.Second, "worker membership lease duration")
+	flag.DurationVar(&timings.renew, "renew", 3*time.Second, "worker renew interval")
+	flag.DurationVar(&timings.deadline, "renew-deadline", 7*time.Second, "worker renew deadline")
 	flag.StringVar(&kin.conns, "kinesis", "1,100", "connection counts for the Kinesis-vs-file sink comparison (empty: skip the Kinesis runs)")
 	flag.IntVar(&kin.latConns, "kinesis-latency-conns", 100, "connections of the Kinesis latency and stall runs")
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")

@@ -23,6 +23,7 @@ import (
 	"github.com/sockfleet/sockfleet/functions/reconciler/handler"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/sweep"
@@ -41,7 +42,7 @@ func main() {
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	table := env(schema.EnvTable, schema.DefaultTableName)
-	skew, err1 := duration(schema.EnvSkewMargin, lease.DefaultSkewMargin)
+	skew, err1 := duration(schema.EnvSkewMargin, membership.DefaultSkew)
 	nudge, err2 := duration(schema.EnvNudgeAfter, sweep.DefaultNudgeAfter)
 	period, err3 := duration(schema.EnvSweepPeriod, sweep.DefaultPeriod)
 	maxItems, err4 := integer(schema.EnvSweepMaxItems, sweep.DefaultMaxItems)
@@ -74,6 +75,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 		Leases:   leases,
 		Sweeper:  sw,
 		Sender:   &wakeup.Client{Secret: secret, HTTP: &http.Client{}},
+		Members:  &membership.Reaper{Registry: reg, Leases: leases, Skew: skew, Log: log},
 		Log:      log,
 		Metrics:  os.Stdout, // EMF lines; CloudWatch turns them into metrics
 	})

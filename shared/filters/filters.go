@@ -4,11 +4,14 @@
 //
 // What passes: INSERT; REMOVE; a connection released while STARTED
 // (lease_expires_at_ms = 0, or absent); any write whose new desired_state is not
-// STARTED (a stop, or an operator's typo such as "started").
-// What never passes: heartbeats and checkpoints (an owned STARTED item whose expiry
-// moves), and worker registry heartbeats, so steady state costs no invocations.
+// STARTED (a stop, or an operator's typo such as "started"); and every worker item
+// change, membership renewals included: they are the reconciler's
+// clock for detecting dead members (see docs/MEMBERSHIP.md), at O(workers)
+// invocations, never O(connections).
+// What never passes: connection checkpoints and polling-mode renews (an owned
+// STARTED item whose last_seq or expiry moves).
 // A changed ws_url does not pass either: no pattern can compare old and new images,
-// so the owner sees the new URL on its next renew, which returns the item.
+// so the owner sees the new URL at its next checkpoint or backstop read.
 package filters
 
 import (
@@ -48,6 +51,11 @@ var Patterns = []Pattern{
 	newImage(Pattern{
 		schema.AttrDesiredState: s(Pattern{"anything-but": []any{string(schema.Started)}}),
 	}),
+	// Every worker item change: membership renewals drive dead-member detection
+	// (docs/MEMBERSHIP.md). The fifth and last of Lambda's default five patterns.
+	{"eventName": []any{"MODIFY"}, "dynamodb": Pattern{"Keys": Pattern{
+		schema.AttrPK: s(Pattern{"prefix": schema.WorkerPrefix}),
+	}}},
 }
 
 // JSON renders each pattern as the string Lambda expects in FilterCriteria.

@@ -180,6 +180,15 @@ func chaosPlan(rng *rand.Rand, window time.Duration, workers int, conns []string
 		}
 	}
 
+	// At least one member declared dead that comes back: SIGSTOP long enough for its
+	// membership lease to lapse beyond the margin and the reconciler to act on the
+	// next heartbeat, then SIGCONT. It must stop without delivering and exit.
+	{
+		slot, at := rng.IntN(workers), between(window/4, window/2)
+		add(chaosAction{at: at, kind: "stop", slot: slot})
+		add(chaosAction{at: min(at+2*testLease+time.Second, window), kind: "cont", slot: slot})
+	}
+
 	// The operator stops a connection now and then, and starts it again.
 	stoppedUntil := map[string]time.Duration{}
 	stops := map[string][][2]time.Duration{}
@@ -467,7 +476,7 @@ func describeLease(it codec.Item) string {
 // defending itself.
 func workerLogCounts(dir string) string {
 	files, _ := filepath.Glob(filepath.Join(dir, "logs", "w*.log"))
-	marks := []string{"self-fencing", "lease lost", "renew failed", "release failed", "acquired"}
+	marks := []string{"self-fencing", "lease lost", "renew failed", "release failed", "no longer a member", "acquired"}
 	n := make([]int, len(marks))
 	for _, name := range files {
 		b, err := os.ReadFile(name)

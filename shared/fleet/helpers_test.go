@@ -115,6 +115,10 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 				schema.EnvRenewInterval + "=" + testRenew.String(),
 				schema.EnvRenewDeadline + "=" + (testLease - testRenew).String(),
 				schema.EnvSkewMargin + "=" + testMargin.String(),
+				// Stream mode: checkpoint as often as the lease was renewed before, so
+				// the duplicate window is the same; read back for lost wakeups often.
+				schema.EnvCheckpointInterval + "=" + testRenew.String(),
+				schema.EnvBackstopInterval + "=" + (2 * testRenew).String(),
 				schema.EnvDrainTimeout + "=5s",
 				schema.EnvMaxConnections + "=100",
 				schema.EnvLogLevel + "=debug",

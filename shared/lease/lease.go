@@ -1,13 +1,24 @@
 // Package lease takes, keeps and gives up connection leases with conditional writes.
 //
+// Two ways to hold a lease. In polling mode (the seed's design) a lease has an
+// expiry and its owner renews it (Renew). In stream mode (Config.Membership) a lease
+// lasts as long as its owner's membership (docs/MEMBERSHIP.md): Acquire writes
+// schema.LeaseHeldByMember as its expiry, nothing renews it, the owner writes its
+// checkpoint with Checkpoint, and only a release frees it — the owner's, or the
+// reconciler's once the owner's membership lapsed beyond the skew margin.
+//
 // Guarantees:
-//   - Every operation is one DynamoDB write (ReleaseAllOwnedBy: one per lease), and
-//     every write by an owner is conditioned on lease_owner = me AND lease_version = v.
-//     A worker that lost its lease can neither renew, checkpoint nor release it.
+//   - Every operation is one DynamoDB write (ReleaseAllOwnedBy: one per lease; ReadOwned
+//     is one read), and every write by an owner (renew, checkpoint, release) is
+//     conditioned on lease_owner = me AND lease_version = v. A worker that lost its
+//     lease can neither renew, checkpoint nor release it.
 //   - Acquire never creates an item and only takes STARTED connections whose lease is
-//     absent, released, or expired by more than the skew margin on the caller's clock.
+//     absent, released, or expired by more than the skew margin on the caller's clock;
+//     a membership lease never expires, so it is taken only once released.
 //   - An ambiguous outcome (timeout, 5xx, a dropped response after the write was sent)
 //     is resolved by reading the item back, so callers see the true result.
+//   - ReadOwned is eventually consistent and never writes: callers confirm what it
+//     shows with a conditional write before acting on it.
 //   - Errors are the sentinels below, wrapped with context; no SDK type leaks out.
 //   - Fencing versions never repeat. Each acquire writes a version from a hybrid
 //     logical clock: at least the stored version + 1 and at least the wall clock in
@@ -69,6 +80,7 @@ var (
 type DynamoDB interface {
 	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 	GetItem(context.Context, *dynamodb.GetItemInput, ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error)
+	BatchGetItem(context.Context, *dynamodb.BatchGetItemInput, ...func(*dynamodb.Options)) (*dynamodb.BatchGetItemOutput, error)
 	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 }
 
@@ -90,11 +102,15 @@ type Config struct {
 	// every poll. Stream mode leaves it 0: the reconciler wakes nobody for an unusable
 	// item, and the operator's fix must pass the event filter (a released lease).
 	InvalidRetry time.Duration
+	// Membership (stream mode): a lease lasts as long as its owner's membership, so
+	// Acquire writes schema.LeaseHeldByMember as its expiry and nothing renews it;
+	// owners checkpoint with Checkpoint. Duration is then unused. See membership.go.
+	Membership bool
 }
 
-// Defaults: a 60 s lease renewed every 20 s costs 180 writes per connection-hour,
-// against the seed's 2,160 (5 s renew, 3 billed writes each). Failover does not wait
-// for expiry (releases and crash events drive it), so a long lease costs nothing there.
+// Defaults, for callers that renew per connection (stream mode instead sets
+// Membership and never renews; its workers and the reconciler use a 2 s margin,
+// membership.DefaultSkew).
 const (
 	DefaultDuration   = 60 * time.Second
 	DefaultSkewMargin = 5 * time.Second
@@ -206,6 +222,9 @@ type versionTry struct {
 // and the item as it was before it when known; on a refusal, the item as it was.
 func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, try versionTry) (after, before codec.Item, err error) {
 	exp := now + s.cfg.Duration.Milliseconds()
+	if s.cfg.Membership {
+		exp = schema.LeaseHeldByMember
+	}
 	set := "SET #o = :me, #e = :exp, #v = :nv, #st = :acq, #sa = :now"
 	vals := map[string]types.AttributeValue{
 		":me": codec.S(worker), ":exp": codec.N(exp), ":zero": codec.N(0), ":nv": codec.N(try.version),
@@ -248,10 +267,12 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 		return after, old, nil
 	}
 	// Our own write, seen later (a retry after a dropped response, or a read-back),
-	// is recognised by owner and the exact expiry we wrote.
+	// is recognised by owner and the exact expiry we wrote; in membership mode the
+	// expiry is a constant, so the acquire time stamped in status_at_ms tells this
+	// attempt apart.
 	cur, raw, cerr := s.resolve(ctx, id, err)
 	switch {
-	case cerr == nil && cur.LeaseOwner == worker && cur.LeaseExpiresAtMs == exp:
+	case cerr == nil && cur.LeaseOwner == worker && cur.LeaseExpiresAtMs == exp && (!s.cfg.Membership || cur.StatusAtMs == now):
 		return raw, nil, nil
 	case cerr != nil:
 		return nil, nil, fmt.Errorf("acquire %s: %w", id, cerr)
@@ -453,6 +474,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 		ExpressionAttributeValues:           vals,
 		ReturnValues:                        types.ReturnValueAllNew,
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}
+	if !strings.Contains(update, "#e") {
+		delete(in.ExpressionAttributeNames, "#e") // a checkpoint leaves the expiry alone
 	}
 	if _, ok := vals[":st"]; ok {
 		in.ExpressionAttributeNames["#st"] = schema.AttrStatus

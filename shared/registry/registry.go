@@ -1,6 +1,9 @@
 // Package registry reads and writes worker items (WORKER#<id>): each worker's wakeup
-// address, capacity, load, draining flag and heartbeat expiry. Workers refresh their
-// own item once per renew tick (one write per worker, not per connection); the
+// address, capacity, load, draining flag and heartbeat expiry. In polling mode workers
+// refresh their own item once per renew tick with Put; in stream mode the item is the
+// worker's membership lease (Join, Renew, Leave, DeclareDead, Tombstone: see
+// member.go and docs/MEMBERSHIP.md). Either way it is one write per worker, not per
+// connection. The
 // reconciler and the CLI list it through the sparse registry index, which holds
 // worker items only, so listing never reads connection items.
 package registry
@@ -20,6 +23,7 @@ import (
 // DynamoDB is the part of the SDK client the registry uses.
 type DynamoDB interface {
 	PutItem(context.Context, *dynamodb.PutItemInput, ...func(*dynamodb.Options)) (*dynamodb.PutItemOutput, error)
+	UpdateItem(context.Context, *dynamodb.UpdateItemInput, ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error)
 	DeleteItem(context.Context, *dynamodb.DeleteItemInput, ...func(*dynamodb.Options)) (*dynamodb.DeleteItemOutput, error)
 	Query(context.Context, *dynamodb.QueryInput, ...func(*dynamodb.Options)) (*dynamodb.QueryOutput, error)
 }

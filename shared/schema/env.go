@@ -51,6 +51,12 @@ const (
 	// Worker, for chaos runs only: shifts the wall clock the worker uses for lease
 	// expiry by this duration (e.g. 300ms or -300ms). Keep it within the skew margin.
 	EnvClockOffset = "SOCKFLEET_CLOCK_OFFSET"
+
+	// Worker, stream mode (membership): checkpoint at most this often per connection
+	// (default 30s; the duplicate window after a crash), and read owned connections
+	// back this often to catch lost wakeups (default 1m).
+	EnvCheckpointInterval = "SOCKFLEET_CHECKPOINT_INTERVAL"
+	EnvBackstopInterval   = "SOCKFLEET_BACKSTOP_INTERVAL"
 )
 
 // WorkerEnvVars names every variable the worker reads, so a tool that passes worker
@@ -61,6 +67,7 @@ var WorkerEnvVars = []string{
 	EnvLease, EnvRenewInterval, EnvRenewDeadline, EnvSkewMargin, EnvDrainTimeout,
 	EnvSink, EnvSinkTimeout, EnvResume, EnvSeqPath, EnvBadMessages, EnvLogLevel,
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
+	EnvCheckpointInterval, EnvBackstopInterval,
 }
 
 // WorkerContainer is the name of the worker's container in the ECS task definition.

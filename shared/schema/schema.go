@@ -49,7 +49,20 @@ const (
 	AttrHeartbeatExpires = "heartbeat_expires_at_ms"
 	AttrTTL              = "ttl"      // epoch seconds; DynamoDB TTL deletes dead workers' items
 	AttrRegistry         = "registry" // sparse index key, set only on worker items
+	// Membership (stream mode): the worker item is the worker's membership lease.
+	AttrIncarnation = "incarnation"         // new per process start; renews are conditioned on it
+	AttrDeadAt      = "declared_dead_at_ms" // set by the reconciler when it declares the member dead
 )
+
+// LeaseHeldByMember is the lease_expires_at_ms of a connection acquired in stream
+// mode: the lease lasts as long as its owner's membership (see docs/MEMBERSHIP.md),
+// so it has no expiry of its own and is never renewed. 2^53−1, exact in JSON.
+const LeaseHeldByMember int64 = 1<<53 - 1
+
+// MaxMemberLeaseSeconds bounds a worker's membership lease (stream mode). The
+// reconciler's tombstone for an owner with no registry item lasts this long, so a
+// worker still streaming without its item has fenced before its connections move.
+const MaxMemberLeaseSeconds = 30
 
 // RegistryKey is the constant value of AttrRegistry on every worker item, so one
 // Query on IndexRegistry lists the whole registry without scanning connections.

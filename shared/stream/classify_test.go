@@ -46,7 +46,7 @@ var transitions = []struct {
 	{file: "heartbeat", want: Decision{ID: "c1", LeaseVersion: 3}, passes: false},
 	{file: "checkpoint_status", want: Decision{ID: "c1", LeaseVersion: 3}, passes: false},
 	{file: "acquired", want: Decision{ID: "c1", LeaseVersion: 4}, passes: false},
-	{file: "worker_heartbeat", want: Decision{}, passes: false},
+	{file: "worker_heartbeat", want: Decision{}, passes: true}, // membership renewals drive dead-member detection
 	{file: "stopped_unowned", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
 	{file: "stopped_released", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
 	{file: "url_changed_unowned", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
@@ -155,7 +155,9 @@ func TestClassifyTransitions(t *testing.T) {
 // TestActionableTransitionsPass is the filter's contract: every transition the
 // classifier acts on reaches it, except those the filter package documents (a URL
 // change, an operator's hand edit of lease_owner or lease_version, a stale image with
-// a live-looking lease), which the owner's next write and the sweep catch instead. And no heartbeat or checkpoint ever invokes the function.
+// a live-looking lease), which the owner's next write and the sweep catch instead. And
+// no connection heartbeat or checkpoint ever invokes the function (worker heartbeats
+// do, by design: one per worker per renew interval).
 func TestActionableTransitionsPass(t *testing.T) {
 	excused := map[string]bool{"url_changed": true, "owner_removed": true,
 		"stale_owned": true, "stale_over_released": true, "version_deleted_owned": true}
@@ -164,7 +166,7 @@ func TestActionableTransitionsPass(t *testing.T) {
 			t.Errorf("%s: actionable (%s) but filtered out", tc.file, tc.want.Why)
 		}
 	}
-	for _, f := range []string{"heartbeat", "checkpoint_status", "acquired", "worker_heartbeat"} {
+	for _, f := range []string{"heartbeat", "checkpoint_status", "acquired"} {
 		for _, tc := range transitions {
 			if tc.file == f && tc.passes {
 				t.Errorf("%s passes the filters: heartbeats would cost invocations", f)

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -176,6 +177,9 @@ type Report struct {
 	Reported          int           // unusable items whose problem this run wrote on them
 	OldestOrphan      time.Duration // how long the oldest known orphan has been one
 	Errors            int
+	// NotLiveOwners are the owners of owned connections that are not live members
+	// (each once): the caller hands them to the membership reaper.
+	NotLiveOwners []string
 }
 
 // Run sweeps once, at now. It returns the report and the errors it met; one bad item
@@ -280,6 +284,10 @@ func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live m
 		r.OldestOrphan = max(r.OldestOrphan, age)
 	}
 	if c.Owned() {
+		_, ok := live[c.LeaseOwner]
+		if live != nil && !ok && !c.Expired(nowMs, margin) && !slices.Contains(r.NotLiveOwners, c.LeaseOwner) {
+			r.NotLiveOwners = append(r.NotLiveOwners, c.LeaseOwner)
+		}
 		return nil
 	}
 	since := max(c.StatusAtMs, c.NudgedAtMs)

@@ -25,6 +25,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -121,7 +122,8 @@ func newStack(t *testing.T) *stack {
 	}
 	s.sender = &recordingSender{Client: wakeup.Client{Secret: []byte(secret)}}
 	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: 500 * time.Millisecond},
-		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log})
+		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log,
+			Members: &membership.Reaper{Registry: s.reg, Leases: s.store, Skew: membership.DefaultSkew, Log: log}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,6 +345,63 @@ func TestKilledWorkersConnectionsReowned(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A hung worker (SIGSTOP) renews nothing: once its membership lease lapsed beyond
+// the skew margin, the reconciler, driven by the other worker's heartbeats, declares
+// it dead and releases its connections, which the survivor takes. Let go again
+// (SIGCONT), it learns it was declared dead and exits without delivering.
+func TestHungWorkerDeclaredDeadAndReowned(t *testing.T) {
+	s := newStack(t)
+	ids := []string{"h1", "h2", "h3", "h4"}
+	for _, id := range ids {
+		s.put(id, schema.Started)
+	}
+	s.waitFor("all streaming", 2*time.Second, func() bool {
+		for _, id := range ids {
+			if !s.streaming(id) {
+				return false
+			}
+		}
+		return true
+	})
+	victim := s.owner("h1")
+	var theirs []string
+	for _, id := range ids {
+		if s.owner(id) == victim {
+			theirs = append(theirs, id)
+		}
+	}
+	slot := s.slotOf(victim)
+	proc := s.sup.Get(slot)
+	if err := s.sup.Signal(slot, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	took := s.waitFor("re-owned by the survivor", 25*time.Second, func() bool {
+		for _, id := range theirs {
+			if o := s.owner(id); o == "" || o == victim {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("SIGSTOP of %s → its %d connections re-owned in %s (lease 11 s, skew 2 s)", victim, len(theirs), took)
+	if took < 9*time.Second {
+		t.Errorf("re-owned after %s: before the hung member's lease could have lapsed", took)
+	}
+	if err := s.sup.Signal(slot, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-proc.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the declared-dead worker did not exit after SIGCONT")
+	}
+	for _, id := range theirs {
+		if o := s.owner(id); o == "" || o == victim {
+			t.Errorf("%s owned by %q after the dead worker came back", id, o)
+		}
+	}
 }
 
 func TestWakeupToDeadAddressIsRerouted(t *testing.T) {

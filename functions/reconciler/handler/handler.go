@@ -38,6 +38,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/stream"
@@ -94,6 +95,10 @@ type Deps struct {
 	Log      *slog.Logger
 	Now      func() time.Time // default time.Now
 	Metrics  io.Writer        // EMF lines; default: discarded
+	// Members, if set, runs the membership protocol's dead-member detection: on a
+	// worker heartbeat record (at most once per Members.Every), for owners that
+	// stream records or the sweep show are not live members, and at each sweep.
+	Members *membership.Reaper
 }
 
 // Handler handles reconciler events.
@@ -201,7 +206,16 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	log := h.d.Log
 	var order []string
 	latest := map[string]pending{}
+	heartbeat := false
+	var owners []string // owners named by the records' new images
 	for _, r := range ev.Records {
+		if _, ok := schema.WorkerID(stream.Key(r)); ok {
+			heartbeat = true // a membership renew: the reconciler's clock for dead-member detection
+			continue
+		}
+		if o := stream.Holder(r); o != "" {
+			owners = append(owners, o)
+		}
 		d, err := stream.Classify(r)
 		if err != nil {
 			log.ErrorContext(ctx, "stream record unusable; skipped", "key", stream.Key(r), "seq", r.Change.SequenceNumber,
@@ -222,15 +236,29 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 			"owner", d.Owner, "version", d.LeaseVersion)
 	}
 	var resp events.DynamoDBEventResponse
-	if len(order) == 0 {
+	now := h.d.Now()
+	var workers []codec.Worker
+	listed := false
+	if heartbeat && h.d.Members != nil && h.d.Members.Due(now) {
+		rep, ws, err := h.d.Members.Reap(ctx, now)
+		h.logReap(ctx, "heartbeat", rep, err)
+		workers, listed = ws, err == nil
+	}
+	if len(order) == 0 && len(owners) == 0 {
 		return resp, nil
 	}
 	ds := make([]stream.Decision, len(order))
 	for i, id := range order {
 		ds[i] = latest[id].d
 	}
-	now := h.d.Now()
-	workers, bad, err := h.d.Registry.List(ctx)
+	var bad []error
+	var err error
+	if !listed {
+		workers, bad, err = h.d.Registry.List(ctx)
+	}
+	if err == nil && h.d.Members != nil {
+		h.notLive(ctx, now, workers, owners)
+	}
 	for _, b := range bad {
 		log.WarnContext(ctx, "worker item will not decode; not a candidate", "err", b)
 	}
@@ -297,6 +325,35 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 	}
 }
 
+// notLive hands the owners that are not live members to the reaper.
+func (h *Handler) notLive(ctx context.Context, now time.Time, workers []codec.Worker, owners []string) {
+	live := map[string]bool{}
+	for _, w := range workers {
+		live[w.ID] = w.Live(now.UnixMilli())
+	}
+	var gone []string
+	for _, o := range owners {
+		if !live[o] {
+			gone = append(gone, o)
+		}
+	}
+	if len(gone) == 0 {
+		return
+	}
+	rep, err := h.d.Members.Owners(ctx, now, workers, gone)
+	h.logReap(ctx, "owners not live", rep, err)
+}
+
+func (h *Handler) logReap(ctx context.Context, why string, rep membership.Report, err error) {
+	if err != nil {
+		h.d.Log.WarnContext(ctx, "membership: some actions failed; retried on a later heartbeat or sweep", "why", why, "err", err)
+	}
+	if len(rep.Declared)+len(rep.Tombstoned)+len(rep.Released) > 0 {
+		h.d.Log.InfoContext(ctx, "membership", "why", why, "declared_dead", rep.Declared, "tombstoned", rep.Tombstoned,
+			"released", len(rep.Released))
+	}
+}
+
 // HandleTask handles a task state change.
 func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 	log := h.d.Log.With("task", ev.TaskARN, "worker", ev.WorkerID, "last_status", ev.LastStatus, "desired_status", ev.DesiredStatus)
@@ -324,7 +381,18 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 // Sweep runs the backstop sweep and emits the orphan metrics.
 func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
 	now := h.d.Now()
+	var ws []codec.Worker
+	if h.d.Members != nil {
+		// The last net for a fleet whose heartbeats stopped (one worker, or none).
+		rep, listed, rerr := h.d.Members.Reap(ctx, now)
+		h.logReap(ctx, "sweep", rep, rerr)
+		ws = listed
+	}
 	r, err := h.d.Sweeper.Run(ctx, now)
+	if h.d.Members != nil && len(r.NotLiveOwners) > 0 && ws != nil {
+		rep, oerr := h.d.Members.Owners(ctx, now, ws, r.NotLiveOwners)
+		h.logReap(ctx, "sweep: owners not live", rep, oerr)
+	}
 	h.d.Log.InfoContext(ctx, "sweep done", "segment", r.Segment, "segments", r.Segments, "pages", r.Pages,
 		"scanned", r.Scanned, "complete", r.Complete, "released", r.Released, "nudged", r.Nudged,
 		"workers_cleared", r.WorkersCleared, "orphaned", r.Orphaned, "oldest_orphan", r.OldestOrphan, "errors", r.Errors)

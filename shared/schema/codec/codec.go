@@ -67,10 +67,17 @@ type Worker struct {
 	Draining             bool
 	HeartbeatExpiresAtMs int64
 	TTL                  int64 // epoch seconds
+	// Incarnation is new per process start (stream mode); empty on a tombstone and on
+	// polling-mode items.
+	Incarnation string
+	DeadAtMs    int64 // when the reconciler declared the member dead; 0: not declared
 }
 
+// Dead reports whether the member was declared dead.
+func (w Worker) Dead() bool { return w.DeadAtMs != 0 }
+
 // Live reports whether the worker's heartbeat has not lapsed at nowMs.
-func (w Worker) Live(nowMs int64) bool { return w.HeartbeatExpiresAtMs > nowMs }
+func (w Worker) Live(nowMs int64) bool { return !w.Dead() && w.HeartbeatExpiresAtMs > nowMs }
 
 // Spare is how many more connections the worker will take.
 func (w Worker) Spare() int { return max(0, w.Capacity-w.Load) }
@@ -141,7 +148,7 @@ func DecodeConnection(it Item) (Connection, error) {
 
 // EncodeWorker returns the full item for w.
 func EncodeWorker(w Worker) Item {
-	return Item{
+	it := Item{
 		schema.AttrPK:               S(schema.WorkerKey(w.ID)),
 		schema.AttrRegistry:         S(schema.RegistryKey),
 		schema.AttrAddr:             S(w.Addr),
@@ -151,6 +158,9 @@ func EncodeWorker(w Worker) Item {
 		schema.AttrHeartbeatExpires: N(w.HeartbeatExpiresAtMs),
 		schema.AttrTTL:              N(w.TTL),
 	}
+	putS(it, schema.AttrIncarnation, w.Incarnation)
+	putN(it, schema.AttrDeadAt, w.DeadAtMs)
+	return it
 }
 
 // DecodeWorker reads a worker registry item.
@@ -171,6 +181,8 @@ func DecodeWorker(it Item) (Worker, error) {
 	w.Load = int(d.num(schema.AttrLoad))
 	w.HeartbeatExpiresAtMs = d.num(schema.AttrHeartbeatExpires)
 	w.TTL = d.num(schema.AttrTTL)
+	w.Incarnation = d.str(schema.AttrIncarnation)
+	w.DeadAtMs = d.num(schema.AttrDeadAt)
 	if v, ok := it[schema.AttrDraining]; ok {
 		b, isBool := v.(*types.AttributeValueMemberBOOL)
 		if !isBool {
@@ -179,7 +191,7 @@ func DecodeWorker(it Item) (Worker, error) {
 			w.Draining = b.Value
 		}
 	}
-	if w.Addr == "" {
+	if w.Addr == "" && !w.Dead() { // a tombstone (see registry.Tombstone) has no address
 		d.keep(fmt.Errorf("%w %s: missing", schema.ErrInvalid, schema.AttrAddr))
 	}
 	if w.Capacity < 0 || w.Load < 0 {

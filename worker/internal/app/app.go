@@ -6,6 +6,8 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +25,7 @@ import (
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
 	"github.com/sockfleet/sockfleet/worker/internal/server"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
-	"github.com/sockfleet/sockfleet/worker/internal/stream"
+	wstream "github.com/sockfleet/sockfleet/worker/internal/stream"
 )
 
 // DB is every DynamoDB call the worker makes, all through the shared packages except
@@ -44,7 +46,7 @@ type Deps struct {
 	Sink     sink.Sink // nil: the one cfg names
 	// Stream tunes the connection runner (timeouts, backoff, jitter). Its sink,
 	// metrics, log and resume/sequence settings are filled from cfg and the above.
-	Stream stream.Config
+	Stream wstream.Config
 	// NoStartupPass skips the start-up acquire pass.
 	NoStartupPass bool
 }
@@ -65,10 +67,10 @@ type App struct {
 // record, and counts the sink's retries in the worker's metrics.
 func kinesisOptions(cfg config.Config, m *metrics.Counters, log *slog.Logger) sink.KinesisOptions {
 	return sink.KinesisOptions{
-		PassOversize: cfg.BadMessages == string(stream.BadPass),
+		PassOversize: cfg.BadMessages == string(wstream.BadPass),
 		OnOversize: func(msg sink.Message, size int) {
 			m.BadMessages.Add(1)
-			if cfg.BadMessages != string(stream.BadSkip) {
+			if cfg.BadMessages != string(wstream.BadSkip) {
 				log.Warn("message too large for a Kinesis record", "conn", msg.Conn, "seq", msg.Seq,
 					"bytes", size, "limit", sink.KinesisMaxRecordBytes, "policy", cfg.BadMessages)
 			}
@@ -104,20 +106,21 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		sc.SinkTimeout = cfg.EffectiveSinkTimeout()
 	}
 	var err error
-	if sc.Resume, err = stream.ParseResume(cfg.Resume); err != nil {
+	if sc.Resume, err = wstream.ParseResume(cfg.Resume); err != nil {
 		return nil, err
 	}
-	if sc.SeqPath, err = stream.ParseSeqPath(cfg.SeqPath); err != nil {
+	if sc.SeqPath, err = wstream.ParseSeqPath(cfg.SeqPath); err != nil {
 		return nil, err
 	}
-	if sc.BadMessages, err = stream.ParseBadPolicy(cfg.BadMessages); err != nil {
+	if sc.BadMessages, err = wstream.ParseBadPolicy(cfg.BadMessages); err != nil {
 		return nil, err
 	}
 	if err := sc.Fill(); err != nil {
 		return nil, err
 	}
 	now := func() time.Time { return time.Now().Add(cfg.ClockOffset) }
-	lc := lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now}
+	stream := cfg.Mode == schema.ModeStream
+	lc := lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now, Membership: stream}
 	if cfg.Mode == schema.ModePolling {
 		// Every polling worker finds every orphan: keep an unusable one out of the
 		// orphan query for a while rather than taking and giving it back every poll.
@@ -134,7 +137,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		Store:    store,
 		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
 		NewStream: func(id, url string, lastSeq int64, valid func() bool) owner.Stream {
-			s := stream.New(&sc, id, url, lastSeq)
+			s := wstream.New(&sc, id, url, lastSeq)
 			s.GuardWith(valid)
 			return s
 		},
@@ -145,6 +148,13 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if !d.NoStartupPass {
 		oc.Candidates = func(ctx context.Context) ([]string, error) {
 			return owner.ScanCandidates(ctx, d.DB, cfg.Table, now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+		}
+	}
+	reg := &registry.Registry{DB: d.DB, Table: cfg.Table}
+	if stream {
+		oc.Member = &owner.MemberConfig{
+			Incarnation: newIncarnation(), Registry: reg, Store: store, Now: now,
+			CheckpointInterval: cfg.CheckpointInterval, BackstopInterval: cfg.BackstopInterval,
 		}
 	}
 	if cfg.Mode == schema.ModePolling {
@@ -192,4 +202,11 @@ func (a *App) Run(ctx context.Context) error {
 		herr = errors.Join(herr, err)
 	}
 	return errors.Join(runErr, herr, a.sink.Close())
+}
+
+// newIncarnation returns a random id for this process start.
+func newIncarnation() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
 }

@@ -39,7 +39,9 @@ const (
 	interval = 400 * time.Millisecond
 	deadline = 2 * time.Second
 	margin   = 500 * time.Millisecond
-	rate     = 200 // upstream messages per second per stream
+	// Stream mode: checkpoints at most this often per connection.
+	checkpointEvery = interval
+	rate            = 200 // upstream messages per second per stream
 )
 
 // memSink records what it acknowledged, per connection.
@@ -167,12 +169,14 @@ type worker struct {
 }
 
 type opts struct {
-	max     int
-	startup bool
-	polling bool
-	stdout  io.Writer // set: the real stdout sink writes here instead of the memSink
-	sink    sink.Sink // set: this sink instead of the memSink
-	resume  string    // "": the default
+	max        int
+	startup    bool
+	polling    bool
+	stdout     io.Writer     // set: the real stdout sink writes here instead of the memSink
+	sink       sink.Sink     // set: this sink instead of the memSink
+	resume     string        // "": the default
+	backstop   time.Duration // stream mode; default 1 minute (out of the way)
+	checkpoint time.Duration // stream mode; default checkpointEvery
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -191,6 +195,13 @@ func (e *env) worker(id string, o opts) *worker {
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.SeqPath = "seq"
 	cfg.WakeupSecret = secret
+	cfg.CheckpointInterval, cfg.BackstopInterval = checkpointEvery, time.Minute
+	if o.backstop > 0 {
+		cfg.BackstopInterval = o.backstop
+	}
+	if o.checkpoint > 0 {
+		cfg.CheckpointInterval = o.checkpoint
+	}
 	if o.polling {
 		cfg.Mode, cfg.PollInterval = schema.ModePolling, 300*time.Millisecond
 	}
@@ -234,6 +245,9 @@ func (e *env) worker(id string, o opts) *worker {
 		return runErr
 	}
 	e.t.Cleanup(func() { w.stop() })
+	if !o.polling {
+		waitFor(e.t, 5*time.Second, id+" joined", a.Manager.Joined)
+	}
 	return w
 }
 
@@ -458,9 +472,9 @@ func TestUnreachableTableSelfFencesBeforeExpiry(t *testing.T) {
 	e.wake(w, wakeup.NeedsOwner, 0, "c1")
 	waitFor(t, 5*time.Second, "renewed at least once", func() bool { return e.get("c1").LastSeq > 0 })
 	w.cut.mode.Store(hang)
-	// The last renew that reached the table set the expiry others go by.
+	// The last membership renew that reached the table set the expiry others go by.
 	cutAt := time.Now()
-	expires := time.UnixMilli(e.get("c1").LeaseExpiresAtMs)
+	expires := time.UnixMilli(e.workerItem("w1").HeartbeatExpiresAtMs)
 	waitFor(t, 5*time.Second, "self-fence", func() bool { return e.up.Stats("c1").Clients == 0 })
 	stoppedAt := time.Now()
 	// Others may take it only once it expired by more than the skew margin; the
@@ -481,7 +495,9 @@ func TestUnreachableTableSelfFencesBeforeExpiry(t *testing.T) {
 	if w.sink.count("c1") != n {
 		t.Fatal("delivering after the fence")
 	}
-	w.cut.mode.Store(pass) // the fenced lease's release then goes through
+	// After an outage longer than the lease, the release that failed is retried as
+	// soon as the table answers again.
+	w.cut.mode.Store(pass)
 	waitFor(t, 5*time.Second, "release after reconnecting", func() bool { return e.get("c1").LeaseExpiresAtMs == 0 })
 	if c := e.get("c1"); c.Status != "fenced" || c.LastSeq != w.sink.last("c1") {
 		t.Fatalf("item %+v, sink last %d", c, w.sink.last("c1"))

@@ -18,6 +18,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/sockfleet/sockfleet/shared/ddb"
+	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
@@ -60,6 +61,12 @@ type Config struct {
 	PollInterval time.Duration // polling mode
 	// ClockOffset shifts the wall clock used for lease expiry; chaos runs only.
 	ClockOffset time.Duration
+
+	// Stream mode (membership): a connection's last_seq and status are written at
+	// most once per CheckpointInterval (the duplicate window after a crash), and its
+	// item is read back every BackstopInterval to catch a lost wakeup.
+	CheckpointInterval time.Duration
+	BackstopInterval   time.Duration
 }
 
 // PollingDefaults are the seed's timings: a 5 s heartbeat and a 20 s lease, with
@@ -71,25 +78,32 @@ func PollingDefaults(c Config) Config {
 	return c
 }
 
-// Defaults: a 60 s lease renewed every 20 s (3 writes per connection-minute, against
-// the seed's 12 billed at 3 each), fenced 50 s after the last good renew start, which
-// leaves two retries before a connection stops and 5 s to spare against the lease
-// less the skew margin. Failover does not wait for expiry (events drive it), so a
-// long lease costs nothing there. The 60 s drain is half of ECS's 120 s stopTimeout.
+// Defaults (stream mode): the lease, renew interval and deadline time the worker's
+// membership lease: one write per worker every 3 s (two billed, with the registry
+// index), whatever its connection count. Fencing 7 s after the last good renew start
+// tolerates one failed renew; the 11 s lease leaves 2 s (the sink window) after the
+// fence against the lease less the 2 s skew margin. A hung worker's connections move
+// once its lease lapsed beyond the margin: at most 13 s after its last renew, plus
+// the reconciler's reaction (see docs/MEMBERSHIP.md). Checkpoints at most every 30 s
+// per connection (at most 120 writes per connection-hour when streaming, none when
+// idle); the backstop reads each connection once a minute (eventually consistent,
+// 0.5 read unit each). The 60 s drain is half of ECS's 120 s stopTimeout.
 func Defaults() Config {
 	return Config{
-		Table:          schema.DefaultTableName,
-		ListenAddr:     ":" + strconv.Itoa(schema.DefaultWakeupPort),
-		MaxConnections: 1000,
-		Lease:          60 * time.Second,
-		RenewInterval:  20 * time.Second,
-		RenewDeadline:  50 * time.Second,
-		SkewMargin:     5 * time.Second,
-		DrainTimeout:   60 * time.Second,
-		Sink:           "stdout",
-		Resume:         stream.DefaultResume,
-		BadMessages:    string(stream.BadCount),
-		Mode:           schema.ModeStream,
+		Table:              schema.DefaultTableName,
+		ListenAddr:         ":" + strconv.Itoa(schema.DefaultWakeupPort),
+		MaxConnections:     1000,
+		Lease:              11 * time.Second,
+		RenewInterval:      3 * time.Second,
+		RenewDeadline:      7 * time.Second,
+		SkewMargin:         2 * time.Second,
+		CheckpointInterval: 30 * time.Second,
+		BackstopInterval:   time.Minute,
+		DrainTimeout:       60 * time.Second,
+		Sink:               "stdout",
+		Resume:             stream.DefaultResume,
+		BadMessages:        string(stream.BadCount),
+		Mode:               schema.ModeStream,
 	}
 }
 
@@ -135,6 +149,15 @@ func (c *Config) Validate() error {
 	}
 	switch c.Mode {
 	case schema.ModeStream:
+		if c.Lease > registry.MaxMemberLease {
+			bad(schema.EnvLease, "%s: the membership lease may be at most %s (the reconciler's tombstone lease)", c.Lease, registry.MaxMemberLease)
+		}
+		if c.CheckpointInterval <= 0 {
+			bad(schema.EnvCheckpointInterval, "%s must be positive", c.CheckpointInterval)
+		}
+		if c.BackstopInterval <= 0 {
+			bad(schema.EnvBackstopInterval, "%s must be positive", c.BackstopInterval)
+		}
 	case schema.ModePolling:
 		if c.PollInterval <= 0 {
 			bad(schema.EnvPollInterval, "%s must be positive", c.PollInterval)
@@ -246,6 +269,8 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	dur(schema.EnvSinkTimeout, &c.SinkTimeout)
 	dur(schema.EnvPollInterval, &c.PollInterval)
 	dur(schema.EnvClockOffset, &c.ClockOffset)
+	dur(schema.EnvCheckpointInterval, &c.CheckpointInterval)
+	dur(schema.EnvBackstopInterval, &c.BackstopInterval)
 	str(schema.EnvSink, &c.Sink)
 	str(schema.EnvResume, &c.Resume)
 	c.SeqPath = getenv(schema.EnvSeqPath)

@@ -21,7 +21,8 @@ func TestLoadDefaultsAndFallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Lease != 60*time.Second || c.RenewInterval != 20*time.Second || c.Sink != "stdout" || c.MaxConnections != 1000 {
+	if c.Lease != 11*time.Second || c.RenewInterval != 3*time.Second || c.RenewDeadline != 7*time.Second ||
+		c.CheckpointInterval != 30*time.Second || c.BackstopInterval != time.Minute || c.Sink != "stdout" || c.MaxConnections != 1000 {
 		t.Fatalf("defaults %+v", c)
 	}
 	if c.AdvertiseAddr != "127.0.0.1:8080" || c.WorkerID == "" || schema.ValidateID(c.WorkerID) != nil {
@@ -59,9 +60,13 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{schema.EnvLease: "ten"}, schema.EnvLease},
 		{map[string]string{schema.EnvMaxConnections: "-1"}, schema.EnvMaxConnections},
 		{map[string]string{schema.EnvMaxConnections: "x"}, schema.EnvMaxConnections},
-		{map[string]string{schema.EnvRenewDeadline: "10s"}, schema.EnvRenewDeadline},                   // not > interval 20s
-		{map[string]string{schema.EnvLease: "50s"}, schema.EnvLease},                                   // not > deadline 50s
-		{map[string]string{schema.EnvSkewMargin: "45s", schema.EnvLease: "60s"}, schema.EnvSkewMargin}, // 60-45 < 20
+		{map[string]string{schema.EnvRenewDeadline: "2s"}, schema.EnvRenewDeadline},                   // not > interval 3s
+		{map[string]string{schema.EnvLease: "7s"}, schema.EnvLease},                                   // not > deadline 7s
+		{map[string]string{schema.EnvSkewMargin: "9s", schema.EnvLease: "11s"}, schema.EnvSkewMargin}, // 11-9 < 3
+		{map[string]string{schema.EnvLease: "31s", schema.EnvRenewDeadline: "20s"}, schema.EnvLease},  // over the tombstone lease
+		{map[string]string{schema.EnvCheckpointInterval: "0s"}, schema.EnvCheckpointInterval},
+		{map[string]string{schema.EnvCheckpointInterval: "often"}, schema.EnvCheckpointInterval},
+		{map[string]string{schema.EnvBackstopInterval: "-1s"}, schema.EnvBackstopInterval},
 		{map[string]string{schema.EnvWakeupSecret: "short"}, schema.EnvWakeupSecret},
 		{map[string]string{schema.EnvSink: "kafka://x"}, schema.EnvSink},
 		{map[string]string{schema.EnvSink: "kinesis:"}, schema.EnvSink},
@@ -75,7 +80,7 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{schema.EnvDrainTimeout: "0s"}, schema.EnvDrainTimeout},
 		{map[string]string{schema.EnvMode: "gossip"}, schema.EnvMode},
 		{map[string]string{schema.EnvMode: "polling", schema.EnvPollInterval: "0s"}, schema.EnvPollInterval},
-		{map[string]string{schema.EnvClockOffset: "6s"}, schema.EnvClockOffset}, // beyond the 5s margin
+		{map[string]string{schema.EnvClockOffset: "3s"}, schema.EnvClockOffset}, // beyond the 2s margin
 		{map[string]string{schema.EnvClockOffset: "soon"}, schema.EnvClockOffset},
 	}
 	for _, tc := range cases {
@@ -134,9 +139,9 @@ func TestPollingModeTakesTheSeedsTimings(t *testing.T) {
 // A write checked just before the fence must land before another worker may
 // acquire: the sink timeout fits in the lease less the skew margin less the fence.
 func TestSinkTimeoutFitsInsideFenceMargin(t *testing.T) {
-	c := Defaults() // fence 50 s, lease 60 s, skew 5 s: a 5 s window
-	if got := c.EffectiveSinkTimeout(); got != 5*time.Second {
-		t.Errorf("default sink timeout %s, want the 5s window", got)
+	c := Defaults() // fence 7 s, lease 11 s, skew 2 s: a 2 s window
+	if got := c.EffectiveSinkTimeout(); got != 2*time.Second {
+		t.Errorf("default sink timeout %s, want the 2s window", got)
 	}
 	p := PollingDefaults(Defaults()) // fence 15 s, lease 20 s, skew 2 s: 3 s
 	if got := p.EffectiveSinkTimeout(); got != 3*time.Second {
@@ -145,7 +150,7 @@ func TestSinkTimeoutFitsInsideFenceMargin(t *testing.T) {
 	for _, tc := range []struct {
 		timeout time.Duration
 		ok      bool
-	}{{0, true}, {5 * time.Second, true}, {5*time.Second + 1, false}, {-1, false}} {
+	}{{0, true}, {2 * time.Second, true}, {2*time.Second + 1, false}, {-1, false}} {
 		c := Defaults()
 		c.WorkerID, c.AdvertiseAddr, c.WakeupSecret = "w1", "127.0.0.1:1", []byte(strings.Repeat("k", 32))
 		c.SinkTimeout = tc.timeout

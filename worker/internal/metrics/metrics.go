@@ -43,6 +43,12 @@ type Counters struct {
 	RegistryErrors atomic.Int64
 	LostRaces      atomic.Int64 // acquires refused because another worker holds the lease
 	OrphanPolls    atomic.Int64 // polling mode: index queries for orphans
+	// Stream mode (membership).
+	MemberRenewFailures atomic.Int64 // membership renews that failed (not "not a member")
+	Checkpoints         atomic.Int64 // checkpoint writes
+	BackstopReads       atomic.Int64 // BatchGetItem requests of the backstop
+	BackstopReadUnits   atomic.Int64 // their read units, in thousandths
+	ReleaseRetries      atomic.Int64 // releases retried after a failure
 }
 
 // WriteText writes the counters as "name value" lines (Prometheus text format).
@@ -71,6 +77,11 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_bad_messages_total", &c.BadMessages},
 		{"sockfleet_duplicates_dropped_total", &c.Duplicates},
 		{"sockfleet_wakeups_total", &c.Wakeups},
+		{"sockfleet_member_renew_failures_total", &c.MemberRenewFailures},
+		{"sockfleet_checkpoints_total", &c.Checkpoints},
+		{"sockfleet_backstop_reads_total", &c.BackstopReads},
+		{"sockfleet_backstop_read_milliunits_total", &c.BackstopReadUnits},
+		{"sockfleet_release_retries_total", &c.ReleaseRetries},
 		{"sockfleet_wakeups_refused_total", &c.WakeupsRefused},
 		{"sockfleet_registry_errors_total", &c.RegistryErrors},
 		{"sockfleet_lost_races_total", &c.LostRaces},

@@ -1,25 +1,39 @@
 // Package owner is the worker's ownership loop: it acquires connection leases (on a
-// wakeup, or in the one start-up pass), streams each owned connection, renews every
-// lease each interval carrying the acknowledged last_seq, acts on the item each renew
-// returns, fences itself when it cannot renew, and drains on shutdown.
+// wakeup, or in the one start-up pass), streams each owned connection, keeps the
+// right to stream it, fences itself when it cannot, and drains on shutdown.
+//
+// Two modes keep that right. In stream mode (Config.Member set; see member.go and
+// docs/MEMBERSHIP.md) the worker renews one membership lease, its registry item, and
+// writes each connection only to checkpoint (when something changed, at most once
+// per checkpoint interval) and to release. In polling mode (the seed's design) it
+// renews every connection's lease each interval, carrying the acknowledged last_seq.
 //
 // Guarantees:
 //   - A connection streams only under a lease this worker acquired, and stops at once
-//     (its context is cancelled) when a renew says the lease is lost or the item is
-//     gone, STOPPED or unusable.
-//   - Self-fencing: a connection whose lease was not renewed by its local deadline —
-//     the start of its last successful renew plus min(RenewDeadline, Lease −
-//     SkewMargin), on the monotonic clock — stops streaming, even if the lease store
-//     cannot be reached at all. Since the lease in the table runs from a moment after
-//     that start, and others take it only SkewMargin after it expires on their
-//     clocks, a fenced worker has stopped before anyone else can acquire.
+//     (its context is cancelled) when a renew or checkpoint says the lease is lost or
+//     the item is gone, STOPPED or unusable.
+//   - Self-fencing: past its local deadline — the start of the last successful renew
+//     (the membership's in stream mode, the connection's in polling mode) plus
+//     min(RenewDeadline, Lease − SkewMargin), on the monotonic clock — a connection
+//     stops and no sink write passes the guard, even if the table cannot be reached
+//     at all. The lease in the table runs from a moment after that start, and others
+//     take it over (polling) or release it (the reconciler, stream mode) only
+//     SkewMargin after it expired on their clocks, so a fenced worker has stopped
+//     before anyone else can acquire. SinkWindow bounds the sink writes in flight.
+//   - Stream mode: a membership renew refused as "not a member" (declared dead,
+//     replaced, deleted) stops every connection and makes Run return ErrExpelled.
 //   - Every stop except "lost" and "deleted" ends with one release write that
-//     carries the final acknowledged last_seq (lease_expires_at_ms = 0).
+//     carries the final acknowledged last_seq (lease_expires_at_ms = 0); in stream
+//     mode a release the table did not answer is retried after each successful
+//     membership renew.
+//   - A wakeup about a lease this worker holds is answered after a conditional write
+//     that reads the item, never from memory.
 //   - Run joins every goroutine it started, including connection goroutines.
 //
 // Non-guarantees: delivery is at least once. Messages delivered after the last
-// successful renew's checkpoint are delivered again by the next owner if this worker
-// dies without releasing; that window is one renew interval of traffic.
+// checkpoint are delivered again by the next owner if this worker dies without
+// releasing; that window is one checkpoint interval (stream mode) or one renew
+// interval (polling mode) of traffic.
 package owner
 
 import (
@@ -71,6 +85,8 @@ var (
 	errStopped  = fmt.Errorf("desired_state is not STARTED: %w", stream.ErrGraceful)
 	errInvalid  = fmt.Errorf("item unusable: %w", stream.ErrGraceful)
 	errDraining = fmt.Errorf("worker draining: %w", stream.ErrGraceful)
+	// errExpelled: the membership renew says this worker is no longer a member.
+	errExpelled = errors.New("expelled: no longer a member")
 )
 
 // Config configures a Manager.
@@ -110,6 +126,11 @@ type Config struct {
 	Metrics      *metrics.Counters
 	EMF          *metrics.EMF // may be nil
 	Log          *slog.Logger
+
+	// Membership (stream mode; nil in polling mode): Lease, RenewInterval and
+	// RenewDeadline then time the worker's membership lease, not its connections',
+	// which are never renewed. See member.go.
+	Member *MemberConfig
 }
 
 // Manager owns this worker's leases.
@@ -129,6 +150,8 @@ type Manager struct {
 	started   time.Time    // monotonic base of lastRound
 	lastRound atomic.Int64 // ns after started at which a renew round last began
 	running   atomic.Bool
+
+	mem *membership // nil in polling mode
 }
 
 // owned is one held lease and its stream.
@@ -144,6 +167,12 @@ type owned struct {
 	// renewedAt is when the last successful renew (or the acquire) began, as the
 	// monotonic time since Manager.started: rounds renew the oldest first.
 	renewedAt atomic.Int64
+
+	done chan struct{} // closed when its session has ended
+	// Membership mode, under renewMu: when the last checkpoint was written (monotonic,
+	// since Manager.started) and the last_seq it carried.
+	checkpointAt int64
+	writtenSeq   int64
 }
 
 // New checks cfg and returns a Manager.
@@ -187,6 +216,13 @@ func New(cfg Config) (*Manager, error) {
 		started:   time.Now(),
 	}
 	m.base, m.cancelBase = context.WithCancelCause(context.Background())
+	if cfg.Member != nil {
+		mem, err := newMembership(m, cfg.Member)
+		if err != nil {
+			return nil, err
+		}
+		m.mem = mem
+	}
 	return m, nil
 }
 
@@ -233,6 +269,9 @@ func (m *Manager) Healthy() error {
 // with its final checkpoint, and deletes the registry item, all within DrainTimeout.
 // It returns after every goroutine it started has exited.
 func (m *Manager) Run(ctx context.Context) error {
+	if m.mem != nil {
+		return m.mem.run(ctx)
+	}
 	m.lastRound.Store(int64(time.Since(m.started)))
 	m.running.Store(true)
 	m.refreshRegistry(ctx)
@@ -324,8 +363,18 @@ func (m *Manager) renew(ctx context.Context, o *owned) error {
 	if st != o.written {
 		p.Status, p.Error = st.State, st.Error
 	}
-	c, err := m.cfg.Store.Renew(rctx, o.lease, p)
+	var c codec.Connection
+	var err error
+	if m.mem != nil {
+		c, err = m.mem.store.Checkpoint(rctx, o.lease, p)
+	} else {
+		c, err = m.cfg.Store.Renew(rctx, o.lease, p)
+	}
 	switch {
+	case err == nil && m.mem != nil:
+		o.written, o.writtenSeq, o.checkpointAt = st, p.LastSeq, int64(start.Sub(m.started))
+		m.cfg.Metrics.Checkpoints.Add(1)
+		m.act(o, c)
 	case err == nil:
 		o.written = st
 		o.renewedAt.Store(int64(start.Sub(m.started)))
@@ -408,6 +457,9 @@ func (m *Manager) beforeFence(o *owned) bool {
 	if o.ctx.Err() != nil && !errors.Is(context.Cause(o.ctx), stream.ErrGraceful) {
 		return false
 	}
+	if m.mem != nil {
+		return m.mem.valid() // the membership lease covers every connection
+	}
 	return time.Since(m.started) < time.Duration(o.renewedAt.Load())+m.fence
 }
 
@@ -423,11 +475,14 @@ func SinkWindow(leaseDur, renewDeadline, margin time.Duration) time.Duration {
 // start begins streaming l, whose acquire began at t0. Call with m.mu held.
 func (m *Manager) start(l lease.Lease, t0 time.Time) {
 	ctx, cancel := context.WithCancelCause(m.base)
-	o := &owned{lease: l, ctx: ctx, cancel: cancel}
+	o := &owned{lease: l, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	o.renewedAt.Store(int64(t0.Sub(m.started)))
 	o.s = m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq, func() bool { return m.beforeFence(o) })
 	o.written = o.s.Status()
-	o.timer = time.AfterFunc(time.Until(t0.Add(m.fence)), func() { m.fenced(o) })
+	o.writtenSeq, o.checkpointAt = l.LastSeq, int64(t0.Sub(m.started))
+	if m.mem == nil { // in membership mode one timer fences every connection
+		o.timer = time.AfterFunc(time.Until(t0.Add(m.fence)), func() { m.fenced(o) })
+	}
 	m.conns[l.ID] = o
 	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
 	m.wg.Go(func() { m.session(o) })
@@ -436,9 +491,13 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 // session runs o's stream until its context is cancelled, then gives the lease back
 // unless it is no longer ours.
 func (m *Manager) session(o *owned) {
+	defer close(o.done)
 	o.s.Run(o.ctx)
-	if o.timer.Stop() && o.ctx.Err() == nil {
+	if o.timer != nil && o.timer.Stop() && o.ctx.Err() == nil {
 		m.fenced(o) // the stream saw the fence deadline pass before the timer fired
+	}
+	if m.mem != nil && o.ctx.Err() == nil {
+		m.fenced(o) // the stream saw the membership fence deadline pass first
 	}
 	cause := context.Cause(o.ctx)
 	m.mu.Lock()
@@ -459,6 +518,8 @@ func (m *Manager) session(o *owned) {
 		}
 	case errors.Is(cause, errFenced):
 		p.Status, p.Error = "fenced", cause.Error()
+	case errors.Is(cause, errExpelled):
+		p.Status, p.Error = "expelled", cause.Error()
 	}
 	m.release(o.lease, p)
 }
@@ -469,7 +530,10 @@ func (m *Manager) release(l lease.Lease, p lease.Progress) {
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
 	defer cancel()
 	if err := m.cfg.Store.Release(ctx, l, p); err != nil {
-		m.cfg.Log.Warn("release failed; the lease will expire or be released by the reconciler",
+		if m.mem != nil && retryable(err) {
+			m.mem.retryLater(l, p)
+		}
+		m.cfg.Log.Warn("release failed; retried after the next membership renew, else released by the reconciler",
 			"conn", l.ID, "last_seq", p.LastSeq, "err", err)
 		return
 	}
@@ -494,7 +558,12 @@ func (m *Manager) drain() error {
 	// Bounded well inside the drain: an unreachable table must not eat the time the
 	// connections need to stop.
 	rctx, rcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
-	m.putRegistry(rctx, true)
+	switch {
+	case m.mem == nil:
+		m.putRegistry(rctx, true)
+	case !m.mem.expelled.Load():
+		m.mem.renew(rctx) // draining = true, at once rather than at the next tick
+	}
 	rcancel()
 	m.cfg.Log.Info("draining", "connections", len(list), "timeout", m.cfg.DrainTimeout)
 	for _, o := range list {
@@ -514,6 +583,9 @@ func (m *Manager) drain() error {
 	m.running.Store(false)
 	dctx, dcancel := context.WithTimeout(context.Background(), max(time.Until(deadline), 2*time.Second))
 	defer dcancel()
+	if m.mem != nil {
+		return m.mem.leave(dctx, err)
+	}
 	if derr := m.cfg.Registry.Delete(dctx, m.cfg.WorkerID); derr != nil {
 		m.cfg.Metrics.RegistryErrors.Add(1)
 		err = errors.Join(err, derr)
@@ -558,6 +630,9 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 	case len(m.conns)+len(m.acquiring) >= m.cfg.MaxConnections:
 		m.mu.Unlock()
 		return wakeup.NoCapacity, ""
+	case m.mem != nil && !m.mem.valid():
+		m.mu.Unlock()
+		return wakeup.Failed, "membership lease not renewed in time"
 	}
 	m.acquiring[id] = true
 	m.mu.Unlock()
@@ -571,6 +646,13 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 		m.mu.Unlock()
 		m.release(l, lease.Progress{LastSeq: l.LastSeq})
 		return wakeup.Draining, ""
+	}
+	if err == nil && m.mem != nil && !m.mem.valid() {
+		// The membership fence passed while the acquire was in flight: the fence has
+		// already stopped everything else, so give this one back too.
+		m.mu.Unlock()
+		m.release(l, lease.Progress{LastSeq: l.LastSeq, Status: "fenced", Error: errFenced.Error()})
+		return wakeup.Failed, "membership lease not renewed in time"
 	}
 	if err == nil {
 		m.start(l, t0)
@@ -635,13 +717,23 @@ func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn) (wakeup.Result, st
 	switch {
 	case draining:
 		return wakeup.Draining, ""
-	case o != nil && c.LeaseVersion < o.lease.Version:
-		return wakeup.Stale, fmt.Sprintf("held at version %d", o.lease.Version)
-	case o != nil && (c.Reason == wakeup.Check || c.LeaseVersion > o.lease.Version):
-		// A newer version than ours means someone acquired after us: find out now.
+	case o != nil && c.Reason == wakeup.Check:
 		return m.check(ctx, o)
 	case o != nil:
-		return wakeup.AlreadyOwned, ""
+		// Someone thinks it needs an owner while we believe we hold it. Memory is not
+		// enough: a console write may have released it at our version, or it may have
+		// been deleted and re-created. Ask the table with a conditional owner write.
+		r, detail := m.check(ctx, o)
+		if r != wakeup.LostRace {
+			return r, detail
+		}
+		// Not ours any more: once our session has stopped, try to take it again.
+		select {
+		case <-o.done:
+		case <-ctx.Done():
+			return wakeup.Failed, "stopping the lost session: " + ctx.Err().Error()
+		}
+		return m.Acquire(ctx, c.ID)
 	case c.Reason == wakeup.Check:
 		return wakeup.LostRace, "not held by this worker"
 	}

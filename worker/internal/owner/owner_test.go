@@ -325,8 +325,10 @@ func TestWakeResults(t *testing.T) {
 			want wakeup.Result
 		}{
 			{wakeup.Conn{ID: "a", LeaseVersion: 2, Reason: wakeup.NeedsOwner}, wakeup.Acquired},
-			{wakeup.Conn{ID: "a", LeaseVersion: 2, Reason: wakeup.NeedsOwner}, wakeup.Stale},
-			{wakeup.Conn{ID: "a", LeaseVersion: 1, Reason: wakeup.Check}, wakeup.Stale},
+			// Held ids are verified against the table (a renew here), never answered
+			// from memory, whatever version the wakeup names.
+			{wakeup.Conn{ID: "a", LeaseVersion: 2, Reason: wakeup.NeedsOwner}, wakeup.AlreadyOwned},
+			{wakeup.Conn{ID: "a", LeaseVersion: 1, Reason: wakeup.Check}, wakeup.AlreadyOwned},
 			{wakeup.Conn{ID: "a", LeaseVersion: 3, Reason: wakeup.NeedsOwner}, wakeup.AlreadyOwned},
 			{wakeup.Conn{ID: "a", LeaseVersion: 3, Reason: wakeup.Check}, wakeup.AlreadyOwned},
 			{wakeup.Conn{ID: "held", Reason: wakeup.NeedsOwner}, wakeup.LostRace},

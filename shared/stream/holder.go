@@ -1,0 +1,25 @@
+package stream
+
+import (
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// Holder returns the owner a connection record's new image names with an unreleased
+// lease, or "". The reconciler checks such owners against the registry: a
+// connection owned by a worker that is not a live member must not wait for anything
+// but that worker's fence (see shared/membership).
+func Holder(r events.DynamoDBEventRecord) string {
+	if r.Change.NewImage == nil {
+		return ""
+	}
+	it, err := Item(r.Change.NewImage)
+	if err != nil {
+		return ""
+	}
+	c, _ := codec.DecodeConnection(it) // the lease fields survive a bad operator field
+	if c.ID == "" || !owned(c) {
+		return ""
+	}
+	return c.LeaseOwner
+}
