@@ -221,10 +221,7 @@ type versionTry struct {
 // acquireOnce makes one acquire write. It returns the item as it is after the write,
 // and the item as it was before it when known; on a refusal, the item as it was.
 func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, try versionTry) (after, before codec.Item, err error) {
-	exp := now + s.cfg.Duration.Milliseconds()
-	if s.cfg.Membership {
-		exp = schema.LeaseHeldByMember
-	}
+	exp := s.expiry(now)
 	set := "SET #o = :me, #e = :exp, #v = :nv, #st = :acq, #sa = :now"
 	vals := map[string]types.AttributeValue{
 		":me": codec.S(worker), ":exp": codec.N(exp), ":zero": codec.N(0), ":nv": codec.N(try.version),
@@ -552,7 +549,7 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 		note = fmt.Sprintf("stale image: %s %s at version %d replaced the lease of %s at version %d; reclaimed",
 			schema.AttrLeaseOwner, codec.Describe(raw[schema.AttrLeaseOwner]), v, l.Owner, l.Version)
 		set = "SET #o = :me, #v = :mine, #e = :exp"
-		vals[":exp"] = codec.N(now + s.cfg.Duration.Milliseconds())
+		vals[":exp"] = codec.N(s.expiry(now))
 		c, cv := valueIs("#o", ":oo", raw[schema.AttrLeaseOwner])
 		conds = append(conds, c)
 		maps.Copy(vals, cv)
@@ -959,6 +956,15 @@ func translateMsg(err error) string {
 }
 
 func (s *Store) nowMs() int64 { return s.cfg.Now().UnixMilli() }
+
+// expiry is the lease_expires_at_ms an acquire (or a reclaim) writes at nowMs: the
+// lease duration ahead, or, in membership mode, schema.LeaseHeldByMember.
+func (s *Store) expiry(nowMs int64) int64 {
+	if s.cfg.Membership {
+		return schema.LeaseHeldByMember
+	}
+	return nowMs + s.cfg.Duration.Milliseconds()
+}
 
 func key(id string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))}

@@ -115,19 +115,42 @@ func whyNotMember(it codec.Item, inc string) string {
 	}
 }
 
-// Leave deletes worker id's item if it still holds incarnation inc (the end of a
-// drain). An item that holds another incarnation, or is gone, is left alone.
-func (r *Registry) Leave(ctx context.Context, id, inc string) error {
-	_, err := r.DB.DeleteItem(ctx, &dynamodb.DeleteItemInput{
-		TableName:                 &r.Table,
-		Key:                       workerKey(id),
-		ConditionExpression:       aws.String("#inc = :inc"),
-		ExpressionAttributeNames:  map[string]string{"#inc": schema.AttrIncarnation},
-		ExpressionAttributeValues: map[string]types.AttributeValue{":inc": codec.S(inc)},
+// Leave marks worker id's item as gone at now, if it still holds incarnation inc
+// (the end of a drain, once every connection was stopped and released). The item
+// stays, dead and lapsed, until its TTL: an owner that is known to be gone lets the
+// reconciler release at once whatever still names it (a console save of an old
+// image, say), where an absent owner would need a tombstone's wait. An item that
+// holds another incarnation, or is gone, is left alone.
+func (r *Registry) Leave(ctx context.Context, id, inc string, now time.Time) error {
+	_, err := r.DB.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:           &r.Table,
+		Key:                 workerKey(id),
+		UpdateExpression:    aws.String("SET #dead = :now, #h = :now, #ttl = :ttl, #dr = :t"),
+		ConditionExpression: aws.String("#inc = :inc"),
+		ExpressionAttributeNames: map[string]string{"#inc": schema.AttrIncarnation, "#dead": schema.AttrDeadAt,
+			"#h": schema.AttrHeartbeatExpires, "#ttl": schema.AttrTTL, "#dr": schema.AttrDraining},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":inc": codec.S(inc), ":now": codec.N(now.UnixMilli()),
+			":ttl": codec.N(now.Add(TTLGrace).Unix()), ":t": &types.AttributeValueMemberBOOL{Value: true}},
 	})
 	var ccf *types.ConditionalCheckFailedException
 	if err != nil && !errors.As(err, &ccf) {
 		return fmt.Errorf("leave %s: %w", id, err)
+	}
+	return nil
+}
+
+// Gone marks worker id dead as of now: its process is known to have exited (the
+// container stopped), so nothing it owns is being streamed and its connections may
+// be released once the skew margin has passed. Whatever item was there is replaced.
+func (r *Registry) Gone(ctx context.Context, id string, now time.Time) error {
+	if err := schema.ValidateID(id); err != nil {
+		return fmt.Errorf("worker gone: %w", err)
+	}
+	it := codec.EncodeWorker(codec.Worker{ID: id, HeartbeatExpiresAtMs: now.UnixMilli(), DeadAtMs: now.UnixMilli(),
+		TTL: now.Add(TTLGrace).Unix()})
+	delete(it, schema.AttrAddr)
+	if _, err := r.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &r.Table, Item: it}); err != nil {
+		return fmt.Errorf("worker %s gone: %w", id, err)
 	}
 	return nil
 }

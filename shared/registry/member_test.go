@@ -70,25 +70,41 @@ func TestJoinRenewLeave(t *testing.T) {
 	if err := r.Renew(ctx, other); !errors.Is(err, registry.ErrNotMember) {
 		t.Fatalf("renew by another incarnation: %v, want ErrNotMember", err)
 	}
-	// Leave by another incarnation does nothing; by ours, deletes.
-	if err := r.Leave(ctx, "w1", "inc-b"); err != nil {
+	// Leave by another incarnation does nothing; by ours, marks the item gone (dead,
+	// lapsed now), so whatever still names it can be released at once.
+	if err := r.Leave(ctx, "w1", "inc-b", now); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := readWorker(t, e, "w1"); !ok {
-		t.Fatal("another incarnation's leave deleted the item")
+	if got, _ := readWorker(t, e, "w1"); got.Dead() {
+		t.Fatal("another incarnation's leave marked the item")
 	}
-	if err := r.Leave(ctx, "w1", "inc-a"); err != nil {
+	if err := r.Leave(ctx, "w1", "inc-a", now); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := readWorker(t, e, "w1"); ok {
-		t.Fatal("item still there after leave")
+	got, ok := readWorker(t, e, "w1")
+	if !ok || !got.Dead() || got.Live(now.UnixMilli()) || !registry.Releasable(got, now.Add(skew+time.Millisecond), skew) {
+		t.Fatalf("after leave: %+v %v", got, ok)
+	}
+	if err := r.Renew(ctx, w); !errors.Is(err, registry.ErrNotMember) {
+		t.Fatalf("renew after leave: %v, want ErrNotMember", err)
 	}
 	// A renew of an absent item is refused: it must not recreate it.
+	if _, err := e.DB.DeleteItem(ctx, &dynamodb.DeleteItemInput{TableName: &e.Table,
+		Key: map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.WorkerKey("w1"))}}); err != nil {
+		t.Fatal(err)
+	}
 	if err := r.Renew(ctx, w); !errors.Is(err, registry.ErrNotMember) {
 		t.Fatalf("renew of an absent item: %v, want ErrNotMember", err)
 	}
 	if _, ok := readWorker(t, e, "w1"); ok {
 		t.Fatal("renew recreated the item")
+	}
+	// A worker whose container exited is marked gone, item or not.
+	if err := r.Gone(ctx, "w9", now); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := readWorker(t, e, "w9"); !ok || !got.Dead() || !registry.Releasable(got, now.Add(skew+time.Millisecond), skew) {
+		t.Fatalf("gone: %+v %v", got, ok)
 	}
 }
 

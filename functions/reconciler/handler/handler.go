@@ -49,7 +49,9 @@ import (
 // Registry is the worker registry (*registry.Registry).
 type Registry interface {
 	List(ctx context.Context) ([]codec.Worker, []error, error)
-	Delete(ctx context.Context, id string) error
+	// Gone marks a worker whose process exited as dead, so that anything still
+	// naming it is released at once (see shared/membership).
+	Gone(ctx context.Context, id string, now time.Time) error
 }
 
 // Leases releases a dead worker's leases and repairs operator edits (*lease.Store).
@@ -369,7 +371,7 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 	released, err := h.d.Leases.ReleaseAllOwnedBy(ctx, ev.WorkerID)
 	log.InfoContext(ctx, "released stopped worker's leases", "released", len(released), "ids", released,
 		"why", why, "stop_code", ev.StopCode, "reason", ev.StoppedReason)
-	if derr := h.d.Registry.Delete(ctx, ev.WorkerID); derr != nil {
+	if derr := h.d.Registry.Gone(ctx, ev.WorkerID, h.d.Now()); derr != nil {
 		err = errors.Join(err, derr)
 	}
 	if err != nil {

@@ -41,7 +41,7 @@ func (f *fakeRegistry) List(context.Context) ([]codec.Worker, []error, error) {
 	return f.workers, nil, f.listErr
 }
 
-func (f *fakeRegistry) Delete(_ context.Context, id string) error {
+func (f *fakeRegistry) Gone(_ context.Context, id string, _ time.Time) error {
 	if !f.allowDe {
 		f.t.Errorf("unexpected registry delete of %s", id)
 	}

@@ -52,7 +52,7 @@ type MemberConfig struct {
 type MemberRegistry interface {
 	Join(ctx context.Context, w codec.Worker, now time.Time, skew time.Duration) (bool, error)
 	Renew(ctx context.Context, w codec.Worker) error
-	Leave(ctx context.Context, id, incarnation string) error
+	Leave(ctx context.Context, id, incarnation string, now time.Time) error
 }
 
 // MemberStore is the part of the lease store membership mode uses besides Store.
@@ -408,7 +408,7 @@ func retryable(err error) bool {
 }
 
 // leave ends a drain: releases that failed are retried once, and the membership item
-// is deleted only if every lease was given back. Otherwise it is left to lapse, so
+// is marked gone (registry.Leave) only if every lease was given back. Otherwise it is left to lapse, so
 // the reconciler declares this incarnation dead and releases what remains, which is
 // faster than the tombstone an absent owner would need.
 func (mem *membership) leave(ctx context.Context, err error) error {
@@ -422,7 +422,7 @@ func (mem *membership) leave(ctx context.Context, err error) error {
 	}
 	if n := mem.pendingCount(); n > 0 {
 		err = errors.Join(err, fmt.Errorf("drain: %d releases failed; leaving the membership to lapse", n))
-	} else if lerr := mem.cfg.Registry.Leave(ctx, m.cfg.WorkerID, mem.cfg.Incarnation); lerr != nil {
+	} else if lerr := mem.cfg.Registry.Leave(ctx, m.cfg.WorkerID, mem.cfg.Incarnation, mem.cfg.Now()); lerr != nil {
 		m.cfg.Metrics.RegistryErrors.Add(1)
 		err = errors.Join(err, lerr)
 	}

@@ -43,7 +43,7 @@ func (f *fakeMembers) Renew(ctx context.Context, w codec.Worker) error {
 	return h(ctx)
 }
 
-func (f *fakeMembers) Leave(context.Context, string, string) error {
+func (f *fakeMembers) Leave(context.Context, string, string, time.Time) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.left = true
