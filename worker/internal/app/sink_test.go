@@ -23,10 +23,14 @@ import (
 // so the test knows renewals carry on while the sink is stuck.
 func (e *env) renewing(id, owner string) {
 	e.t.Helper()
-	first := e.get(id).LeaseExpiresAtMs
+	// Stream mode: the lease lasts as long as the owner's membership, so what must
+	// carry on is the membership renew, with the connection still held at its version.
+	before := e.get(id)
+	first := e.workerItem(owner).HeartbeatExpiresAtMs
 	waitFor(e.t, 3*leaseDur, "renewals", func() bool {
 		c := e.get(id)
-		return c.LeaseOwner == owner && c.LeaseExpiresAtMs > first+2*interval.Milliseconds()
+		return c.LeaseOwner == owner && c.LeaseVersion == before.LeaseVersion && c.Owned() &&
+			e.workerItem(owner).HeartbeatExpiresAtMs > first+2*interval.Milliseconds()
 	})
 }
 
