@@ -59,14 +59,43 @@ func (r Resume) Apply(rawURL string, seq int64) (string, http.Header, error) {
 		h.Set(r.Name, v)
 		return rawURL, h, nil
 	}
-	u, err := url.Parse(rawURL)
-	if err != nil {
+	if _, err := url.Parse(rawURL); err != nil {
 		return "", nil, fmt.Errorf("resume: %w", err)
 	}
-	q := u.Query()
-	q.Set(r.Name, v)
-	u.RawQuery = q.Encode()
-	return u.String(), nil, nil
+	return setQueryParam(rawURL, r.Name, v), nil, nil
+}
+
+// setQueryParam sets one query parameter in rawURL, leaving every other byte as
+// it was (signed URLs break if other parameters are re-escaped or reordered).
+// The first NAME=... pair is replaced in place, later ones dropped; with none,
+// the pair is appended.
+func setQueryParam(rawURL, name, value string) string {
+	base, frag, hasFrag := strings.Cut(rawURL, "#")
+	path, query, _ := strings.Cut(base, "?")
+	pair := url.QueryEscape(name) + "=" + url.QueryEscape(value)
+	var out []string
+	done := false
+	if query != "" {
+		for _, part := range strings.Split(query, "&") {
+			k, _, _ := strings.Cut(part, "=")
+			if uk, err := url.QueryUnescape(k); err == nil && uk == name {
+				if !done {
+					out = append(out, pair)
+					done = true
+				}
+				continue
+			}
+			out = append(out, part)
+		}
+	}
+	if !done {
+		out = append(out, pair)
+	}
+	s := path + "?" + strings.Join(out, "&")
+	if hasFrag {
+		s += "#" + frag
+	}
+	return s
 }
 
 // SeqPath finds a message's sequence number: a dot-separated path of JSON object

@@ -311,7 +311,7 @@ func TestResume(t *testing.T) {
 		spec, url, wantURL, wantHeader string
 		err                            bool
 	}{
-		{"", "ws://h/s?x=1", "ws://h/s?from=41&x=1", "", false},
+		{"", "ws://h/s?x=1", "ws://h/s?x=1&from=41", "", false},
 		{"query:after={next}", "ws://h/s", "ws://h/s?after=42", "", false},
 		{"header:Last-Event-ID={seq}", "ws://h/s", "ws://h/s", "41", false},
 		{"none", "ws://h/s", "ws://h/s", "", false},
