@@ -172,6 +172,8 @@ type Lease struct {
 	ExpiresAtMs int64
 	WSURL       string
 	LastSeq     int64
+	Spec        schema.Spec // the connection's own settings, as acquired
+	Epoch       int64       // sequence epoch, as acquired
 }
 
 // Progress is what an owner writes with a renew or release: the checkpoint, and the
@@ -361,6 +363,8 @@ func (s *Store) acquired(ctx context.Context, id, worker string, it, old codec.I
 		}
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, derr)
 	}
+	got, _ := codec.DecodeConnection(it) // valid: checked just above
+	l.Spec, l.Epoch = got.Spec, got.Epoch
 	return l, nil
 }
 

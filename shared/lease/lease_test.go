@@ -649,3 +649,32 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("defaults: %+v, %v", s.Config(), err)
 	}
 }
+
+// A bad per-connection spec is an unusable item like a bad ws_url: given back at
+// once, with status_error naming the attribute; a good one comes with the lease.
+func TestAcquireBadSpecIsGivenBack(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	it := codec.EncodeConnection(started("badspec"))
+	it[schema.AttrKeepalive] = &types.AttributeValueMemberM{Value: codec.Item{schema.FieldMessage: codec.S("ping")}}
+	f.putRaw(it)
+	_, err := s.Acquire(f.ctx, "badspec", "w1")
+	if !errors.Is(err, lease.ErrInvalid) || !strings.Contains(err.Error(), "keepalive: interval") {
+		t.Fatalf("Acquire = %v, want ErrInvalid naming keepalive's interval", err)
+	}
+	got, _ := codec.DecodeConnection(f.raw("badspec"))
+	if got.Owned() || got.Status != "invalid" || !strings.Contains(got.StatusError, "keepalive: interval") {
+		t.Errorf("item after refused acquire %+v; want unowned with the reason in status", got)
+	}
+
+	good := started("goodspec")
+	good.Spec = schema.Spec{Subprotocols: []string{"v2"}, Start: schema.StartEarliest}
+	f.put(good)
+	l, err := s.Acquire(f.ctx, "goodspec", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Spec.Subprotocols) != 1 || l.Spec.Start != schema.StartEarliest {
+		t.Fatalf("lease spec %+v", l.Spec)
+	}
+}

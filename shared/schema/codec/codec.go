@@ -33,6 +33,14 @@ type Connection struct {
 	StatusError string
 	StatusAtMs  int64
 	NudgedAtMs  int64
+
+	// Spec is the operator's per-connection settings (the zero Spec: fleet defaults).
+	// SpecErr is why they are unusable, if they are; it is also DecodeConnection's
+	// error, kept here so a caller that reads a connection it owns (a renew) can stop
+	// it with the reason.
+	Spec    schema.Spec
+	SpecErr error
+	Epoch   int64 // sequence epoch, written by the owner on each accepted reset
 }
 
 // Owned reports whether the item names an owner with an unreleased lease. It says
@@ -99,6 +107,8 @@ func EncodeConnection(c Connection) Item {
 	putS(it, schema.AttrStatusError, c.StatusError)
 	putN(it, schema.AttrStatusAt, c.StatusAtMs)
 	putN(it, schema.AttrNudgedAt, c.NudgedAtMs)
+	putN(it, schema.AttrEpoch, c.Epoch)
+	EncodeSpec(it, c.Spec)
 	return it
 }
 
@@ -126,6 +136,7 @@ func DecodeConnection(it Item) (Connection, error) {
 	c.StatusError = d.str(schema.AttrStatusError)
 	c.StatusAtMs = d.num(schema.AttrStatusAt)
 	c.NudgedAtMs = d.num(schema.AttrNudgedAt)
+	c.Epoch = d.num(schema.AttrEpoch)
 	state, err := str(it, schema.AttrDesiredState, true)
 	if err == nil {
 		c.DesiredState, err = schema.ParseState(state)
@@ -140,6 +151,8 @@ func DecodeConnection(it Item) (Connection, error) {
 		err = schema.ValidateURL(rawURL)
 	}
 	d.keep(err)
+	c.Spec, c.SpecErr = DecodeSpec(it)
+	d.keep(c.SpecErr)
 	if d.err != nil {
 		return c, fmt.Errorf("connection %s: %w", id, d.err)
 	}

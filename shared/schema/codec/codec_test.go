@@ -2,6 +2,7 @@ package codec
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -22,7 +23,7 @@ func TestConnectionRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
 	}
 }
@@ -164,7 +165,7 @@ func FuzzDecodeConnection(f *testing.F) {
 			t.Fatalf("accepted url: %v", err)
 		}
 		back, err := DecodeConnection(EncodeConnection(c))
-		if err != nil || back != c {
+		if err != nil || !reflect.DeepEqual(back, c) {
 			t.Fatalf("round trip: %+v / %+v, %v", c, back, err)
 		}
 	})
