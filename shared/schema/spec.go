@@ -62,6 +62,13 @@ const (
 	StartEarliest = "earliest" // resume after 0
 )
 
+// Observed statuses the per-connection spec adds (beside connecting, streaming, backoff).
+const (
+	StatusSeqReset  = "seq_reset"  // halted on a reset of the upstream's numbering; the operator decides
+	StatusIdle      = "idle"       // no data message for idle_timeout
+	StatusQuotaWait = "quota_wait" // waiting for the per-host connect quota
+)
+
 // Sequence-reset policies.
 const (
 	SeqResetAccept = "accept" // start a new epoch and keep delivering (the default)

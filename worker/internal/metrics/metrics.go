@@ -49,6 +49,21 @@ type Counters struct {
 	BackstopReads       atomic.Int64 // BatchGetItem requests of the backstop
 	BackstopReadUnits   atomic.Int64 // their read units, in thousandths
 	ReleaseRetries      atomic.Int64 // releases retried after a failure
+
+	// Per-connection spec (docs/CONNECTIONS.md).
+	SeqResets     atomic.Int64 // upstream numbering restarted (accepted or halted)
+	SeqGaps       atomic.Int64 // forward gaps in the upstream's numbering
+	SeqGapMissing atomic.Int64 // sequences skipped over by those gaps
+	OverLimit     atomic.Int64 // frames over the read limit (also counted as bad)
+	BogusJumps    atomic.Int64 // sequences further than max_seq_jump ahead (also counted as bad)
+	OpenFailures  atomic.Int64 // open_messages reply or keepalive pong missing in time
+	Idle          atomic.Int64 // times a connection went idle (no data for idle_timeout)
+	IdleNow       atomic.Int64 // gauge: connections idle now
+	Rotations     atomic.Int64 // sockets replaced make-before-break (max_lifetime or announced shutdown)
+	Overlap       atomic.Int64 // gauge: extra sockets held now while rotating
+	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
+	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
+	SecretErrors  atomic.Int64 // secret references that could not be resolved
 }
 
 // WriteText writes the counters as "name value" lines (Prometheus text format).
@@ -86,6 +101,19 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_registry_errors_total", &c.RegistryErrors},
 		{"sockfleet_lost_races_total", &c.LostRaces},
 		{"sockfleet_orphan_polls_total", &c.OrphanPolls},
+		{"sockfleet_seq_resets_total", &c.SeqResets},
+		{"sockfleet_seq_gaps_total", &c.SeqGaps},
+		{"sockfleet_seq_gap_missing_total", &c.SeqGapMissing},
+		{"sockfleet_over_limit_frames_total", &c.OverLimit},
+		{"sockfleet_bogus_seq_jumps_total", &c.BogusJumps},
+		{"sockfleet_open_failures_total", &c.OpenFailures},
+		{"sockfleet_idle_total", &c.Idle},
+		{"sockfleet_idle_connections", &c.IdleNow},
+		{"sockfleet_rotations_total", &c.Rotations},
+		{"sockfleet_rotation_overlap_sockets", &c.Overlap},
+		{"sockfleet_quota_waits_total", &c.QuotaWaits},
+		{"sockfleet_quota_waiting", &c.QuotaWaiting},
+		{"sockfleet_secret_errors_total", &c.SecretErrors},
 	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%s %d\n", r.name, r.v.Load()); err != nil {

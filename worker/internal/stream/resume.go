@@ -123,17 +123,9 @@ func (p SeqPath) Counter() bool { return len(p) == 0 }
 // not JSON, the path is missing, or the value is not a non-negative integer (a JSON
 // number or a string of digits).
 func (p SeqPath) Extract(data []byte) (int64, bool) {
-	cur := data
-	for _, field := range p {
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(cur, &obj); err != nil {
-			return 0, false
-		}
-		v, ok := obj[field]
-		if !ok {
-			return 0, false
-		}
-		cur = v
+	cur, ok := p.field(data)
+	if !ok {
+		return 0, false
 	}
 	cur = bytes.TrimSpace(cur)
 	if len(cur) >= 2 && cur[0] == '"' {
@@ -144,6 +136,23 @@ func (p SeqPath) Extract(data []byte) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// field returns the raw JSON value at the path.
+func (p SeqPath) field(data []byte) (json.RawMessage, bool) {
+	cur := json.RawMessage(data)
+	for _, field := range p {
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(cur, &obj); err != nil {
+			return nil, false
+		}
+		v, ok := obj[field]
+		if !ok {
+			return nil, false
+		}
+		cur = v
+	}
+	return cur, true
 }
 
 // BadPolicy says what happens to a message whose sequence cannot be parsed (or a

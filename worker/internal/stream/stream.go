@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
@@ -60,6 +61,15 @@ type Config struct {
 	// to replay a run.
 	Jitter func() float64
 
+	// Sequences (a connection's spec may override SeqReset and MaxSeqJump).
+	SeqReset   string // accept (default) or halt: what a restarted numbering does
+	MaxSeqJump int64  // a sequence more than this past the last is bad; 0: no limit
+	ResetBelow int64  // a sequence more than this below the last is a reset; default 1000
+
+	CloseWait time.Duration // how long a stop waits for the close handshake; default 1s
+	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
+	Quota     *Quota        // per-host connect quota; nil: none
+
 	Sink    sink.Sink
 	Metrics *metrics.Counters
 	Log     *slog.Logger
@@ -85,6 +95,19 @@ func (c *Config) Fill() error {
 	def(&c.StableAfter, 30*time.Second)
 	if c.ReadLimit == 0 {
 		c.ReadLimit = 1 << 20
+	}
+	def(&c.CloseWait, time.Second)
+	if c.ResetBelow == 0 {
+		c.ResetBelow = 1000
+	}
+	if c.SeqReset == "" {
+		c.SeqReset = schema.SeqResetAccept
+	}
+	if c.SeqReset != schema.SeqResetAccept && c.SeqReset != schema.SeqResetHalt {
+		return fmt.Errorf("stream config: seq reset %q: want accept or halt", c.SeqReset)
+	}
+	if c.MaxSeqJump < 0 || c.ResetBelow < 0 {
+		return fmt.Errorf("stream config: max seq jump %d and reset distance %d must not be negative", c.MaxSeqJump, c.ResetBelow)
 	}
 	if c.BatchSize == 0 {
 		c.BatchSize = 256
@@ -156,7 +179,7 @@ type Stream struct {
 	id  string
 	cfg *Config
 
-	acked  atomic.Int64 // last sequence the sink acknowledged
+	pos    atomic.Pointer[Position] // last sequence (and its epoch) the sink acknowledged
 	url    atomic.Pointer[string]
 	status atomic.Pointer[Status]
 	redial chan struct{} // the URL changed: drop the socket and dial the new one now
@@ -164,6 +187,12 @@ type Stream struct {
 
 	queue  chan sink.Message // the session's queue; used by Run's goroutine only
 	queued int64             // this stream's share of Metrics.SinkQueued (Run's goroutine only)
+	set      *settings             // the connection's effective settings (fleet defaults + spec)
+	halted   atomic.Pointer[error] // set when a seq_reset "halt" stopped the stream
+	lastData atomic.Int64          // unix ns of the last data frame read
+	idle     atomic.Bool           // status says idle
+	opened   atomic.Bool           // some session got past its open messages
+	sockets  atomic.Int64          // sockets open now (2 while rotating)
 }
 
 // ErrPastFence is returned when a batch was about to reach the sink after the lease's
@@ -178,14 +207,24 @@ func (s *Stream) GuardWith(valid func() bool) { s.valid = valid }
 // New returns a stream for connection id, resuming after lastSeq.
 func New(cfg *Config, id, rawURL string, lastSeq int64) *Stream {
 	s := &Stream{id: id, cfg: cfg, redial: make(chan struct{}, 1)}
-	s.acked.Store(lastSeq)
+	s.pos.Store(&Position{Seq: lastSeq})
+	s.set = cfg.defaults()
 	s.url.Store(&rawURL)
 	s.status.Store(&Status{State: "connecting"})
 	return s
 }
 
 // LastSeq is the last sequence the sink acknowledged.
-func (s *Stream) LastSeq() int64 { return s.acked.Load() }
+func (s *Stream) LastSeq() int64 { return s.pos.Load().Seq }
+
+// Epoch is the sequence epoch of LastSeq.
+func (s *Stream) Epoch() int64 { return s.pos.Load().Epoch }
+
+// Position is a resume point: a sequence and the epoch of the upstream's numbering
+// it belongs to.
+type Position struct{ Seq, Epoch int64 }
+
+func (s *Stream) position() Position { return *s.pos.Load() }
 
 // Status returns the current status.
 func (s *Stream) Status() Status { return *s.status.Load() }
@@ -220,6 +259,11 @@ func (s *Stream) setStatus(state string, err error) {
 // returns, every message it acknowledged is reflected in LastSeq and all its
 // goroutines have exited.
 func (s *Stream) Run(ctx context.Context) {
+	defer func() {
+		if s.idle.Swap(false) {
+			s.cfg.Metrics.IdleNow.Add(-1)
+		}
+	}()
 	failures := 0
 	for dials := 0; ; dials++ {
 		if ctx.Err() != nil || (s.valid != nil && !s.valid()) {
@@ -234,11 +278,19 @@ func (s *Stream) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errRedial) {
-			failures = 0
+		var halt *haltError
+		if errors.As(err, &halt) {
+			s.halted.Store(&err)
+			s.setStatus(schema.StatusSeqReset, err)
+			s.cfg.Log.Warn("upstream numbering reset; halted as the spec asks", "conn", s.id, "err", err)
+			return // the owner releases with status seq_reset
+		}
+		stable := time.Since(start) >= s.cfg.StableAfter
+		if errors.Is(err, errRedial) || (stable && errors.Is(err, errAnnounced)) {
+			failures = 0 // dial the new URL, or replace an announced shutdown, at once
 			continue
 		}
-		if time.Since(start) >= s.cfg.StableAfter {
+		if stable {
 			failures = 0
 		}
 		cap := s.cfg.BackoffMax
@@ -271,54 +323,6 @@ type permanentError struct{ err error }
 func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
-// session runs one socket: dial, then read and deliver until it fails or ctx ends.
-func (s *Stream) session(ctx context.Context) error {
-	from := s.acked.Load()
-	target, hdr, err := s.cfg.Resume.Apply(s.URL(), from)
-	if err != nil {
-		return &permanentError{err}
-	}
-	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
-	conn, resp, err := s.cfg.Dialer.DialContext(dctx, target, hdr)
-	cancel()
-	if err != nil {
-		s.cfg.Metrics.DialFailures.Add(1)
-		if resp != nil {
-			err = fmt.Errorf("dial: handshake status %d: %w", resp.StatusCode, err)
-			if resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout &&
-				resp.StatusCode != http.StatusTooManyRequests {
-				return &permanentError{err}
-			}
-			return err
-		}
-		return fmt.Errorf("dial: %w", err)
-	}
-	s.setStatus("streaming", nil)
-	s.cfg.Log.Debug("upstream connected", "conn", s.id, "from", from)
-
-	// A short queue: a deep one costs memory on every idle socket (a Message is ~56 bytes).
-	msgs := make(chan sink.Message, min(s.cfg.BatchSize, 32))
-	s.queue = msgs
-	defer s.setQueued(0)
-	readErr := make(chan error, 1)
-	done := make(chan struct{}) // closed to stop the writer
-	var wg sync.WaitGroup
-	wg.Go(func() { readErr <- s.read(conn, from, msgs, done) })
-	wg.Go(func() { s.write(conn, done) })
-
-	err = s.deliver(ctx, msgs, readErr)
-	// Stop reading: the close frame goes out through the writer, then the socket is
-	// closed, which unblocks the reader. Frames still in flight are dropped: the next
-	// owner (or the next session) resumes after LastSeq.
-	close(done)
-	conn.Close()
-	wg.Wait()
-	if ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful) {
-		s.flushQueued(ctx, msgs)
-	}
-	return err
-}
-
 // deliver hands messages to the sink in batches until the reader fails, the URL
 // changes or ctx ends.
 func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr chan error) error {
@@ -338,18 +342,33 @@ func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr ch
 			// Deliver what the reader queued before it failed.
 			for len(msgs) > 0 {
 				batch = s.fill(batch[:0], <-msgs, msgs)
-				if werr := s.sinkWrite(ctx, batch); werr != nil {
+				werr := s.sinkWrite(ctx, batch)
+				batch = drop(batch)
+				if werr != nil {
 					return werr
 				}
 			}
 			return err
 		case m := <-msgs:
 			batch = s.fill(batch[:0], m, msgs)
-			if err := s.sinkWrite(ctx, batch); err != nil {
+			err := s.sinkWrite(ctx, batch)
+			batch = drop(batch)
+			if err != nil {
 				return err
 			}
 		}
 	}
+}
+
+// drop forgets a written batch's messages, so the buffer kept for the next batch
+// holds no frame data while the socket is idle, and returns a buffer small enough
+// to keep (a burst's large one is let go).
+func drop(batch []sink.Message) []sink.Message {
+	clear(batch)
+	if cap(batch) > 32 {
+		return nil
+	}
+	return batch[:0]
 }
 
 // fill appends m and whatever else is queued, up to the batch size.
@@ -420,91 +439,15 @@ func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
 		return fmt.Errorf("sink: %w", err)
 	}
 	var n int64
-	last := s.acked.Load()
+	pos := s.position()
 	for _, m := range batch {
 		n += int64(len(m.Data))
-		if !m.Bad && m.Seq > last {
-			last = m.Seq
+		if !m.Bad { // in order: the last good message is the resume point (its epoch may be newer)
+			pos = Position{Seq: m.Seq, Epoch: m.Epoch}
 		}
 	}
-	s.acked.Store(last)
+	s.pos.Store(&pos)
 	s.cfg.Metrics.Messages.Add(int64(len(batch)))
 	s.cfg.Metrics.Bytes.Add(n)
 	return nil
-}
-
-// read is the socket's only reader. It parses sequences and queues messages; it
-// returns when the socket fails or is closed.
-func (s *Stream) read(conn *websocket.Conn, from int64, msgs chan<- sink.Message, done <-chan struct{}) error {
-	conn.SetReadLimit(s.cfg.ReadLimit)
-	_ = conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
-	conn.SetPongHandler(func(string) error { return conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait)) })
-	last := from // last sequence queued
-	loggedBad := false
-	for {
-		kind, data, err := conn.ReadMessage()
-		if err != nil {
-			if websocket.IsCloseError(err, websocket.ClosePolicyViolation) {
-				return &permanentError{fmt.Errorf("read: %w", err)}
-			}
-			return fmt.Errorf("read: %w", err)
-		}
-		_ = conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
-		m := sink.Message{Conn: s.id, Data: data, Binary: kind == websocket.BinaryMessage}
-		if s.cfg.SeqPath.Counter() {
-			last++
-			m.Seq = last
-		} else {
-			seq, ok := int64(0), false
-			if !m.Binary {
-				seq, ok = s.cfg.SeqPath.Extract(data)
-			}
-			switch {
-			case !ok:
-				s.cfg.Metrics.BadMessages.Add(1)
-				switch s.cfg.BadMessages {
-				case BadPass:
-					m.Seq, m.Bad = last, true
-				case BadCount:
-					if !loggedBad {
-						loggedBad = true
-						s.cfg.Log.Warn("message without a parsable sequence dropped (logged once per session)",
-							"conn", s.id, "bytes", len(data), "binary", m.Binary)
-					}
-					continue
-				default:
-					continue
-				}
-			case seq <= last:
-				s.cfg.Metrics.Duplicates.Add(1) // replayed by the upstream: delivered already
-				continue
-			default:
-				m.Seq, last = seq, seq
-			}
-		}
-		select {
-		case msgs <- m:
-		case <-done:
-			return nil
-		}
-	}
-}
-
-// write is the socket's only writer: pings, and the close frame at the end.
-func (s *Stream) write(conn *websocket.Conn, done <-chan struct{}) {
-	t := time.NewTicker(s.cfg.PingPeriod)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			_ = conn.WriteControl(websocket.CloseMessage,
-				websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
-			return
-		case <-t.C:
-			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.cfg.WriteWait)); err != nil {
-				conn.Close() // unblocks the reader, which reports the failure
-				return
-			}
-		}
-	}
 }
