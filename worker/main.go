@@ -19,10 +19,12 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/worker/internal/app"
 	"github.com/sockfleet/sockfleet/worker/internal/config"
+	"github.com/sockfleet/sockfleet/worker/internal/secrets"
 )
 
 func main() {
@@ -50,12 +52,16 @@ func run(log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	a, err := app.New(cfg, app.Deps{
+	deps := app.Deps{
 		DB:     dynamodb.NewFromConfig(awsCfg),
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
 		Log:    log,
-	})
+	}
+	if cfg.SecretsFile == "" {
+		deps.Secrets = &secrets.Cache{Source: secrets.Manager{Client: secretsmanager.NewFromConfig(awsCfg)}, TTL: cfg.SecretsTTL}
+	}
+	a, err := app.New(cfg, deps)
 	if err != nil {
 		return err
 	}

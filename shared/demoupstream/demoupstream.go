@@ -44,6 +44,8 @@ type Config struct {
 	// real upstream drops a dead peer. Without it a frozen client (a paused process)
 	// keeps its socket open and looks connected until TCP gives up.
 	ClientTimeout time.Duration
+	// Rules, if set, make the server enforce what strict upstreams enforce (see Rules).
+	Rules Rules
 }
 
 // EventKind names what happened in an Event.
@@ -107,9 +109,13 @@ type stream struct {
 	stalled  bool // stop reading and writing
 	stallCh  chan struct{}
 	garbage  int // frames of garbage to send before the next message
+	oversize int // payload size of the next message, when over 0 (a frame over a client's read limit)
+	gen      int // +1 on every ResetNumbering: clients restart at seq 1
+	reset    bool
 }
 
 type client struct {
+	wmu    sync.Mutex // one writer of data frames at a time
 	conn   *websocket.Conn
 	stop   chan struct{} // closed to end the client
 	once   sync.Once
@@ -125,6 +131,9 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, streams: map[string]*stream{}, mux: http.NewServeMux()}
 	s.up = websocket.Upgrader{ReadBufferSize: 1024, WriteBufferSize: 4096, WriteBufferPool: &sync.Pool{}}
+	if p := cfg.Rules.Subprotocol; p != "" {
+		s.up.Subprotocols = []string{p}
+	}
 	s.mux.HandleFunc("GET /streams/{id}", s.serveStream)
 	s.mux.HandleFunc("POST /control/drop", s.ctl(func(id string, q ctlQuery) error { s.Drop(id); return nil }))
 	s.mux.HandleFunc("POST /control/close", s.ctl(func(id string, q ctlQuery) error {
@@ -282,7 +291,11 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st := s.stream(id)
-	if code := max(st.refuse, s.refuse); code != 0 {
+	code := max(st.refuse, s.refuse)
+	if code == 0 {
+		code = s.cfg.Rules.checkHandshake(r)
+	}
+	if code != 0 {
 		st.refused++
 		s.log(Event{Stream: id, Kind: Refused, Status: code, Clients: len(st.clients), Remote: r.RemoteAddr})
 		s.mu.Unlock()
@@ -356,22 +369,33 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 			}
 		})
 	}
+	u := newRuled(s.cfg.Rules, c)
 	rwg.Go(func() {
 		defer c.end()
 		for {
 			if s.waitUnstalled(st, c) != nil {
 				return
 			}
-			if _, _, err := c.conn.ReadMessage(); err != nil {
+			_, data, err := c.conn.ReadMessage()
+			if err != nil {
 				return
 			}
+			u.seen(s, data)
 		}
 	})
+	rwg.Go(func() { u.enforce(s) })
+	if u.waitSubscribed() != nil {
+		return sent, last
+	}
 	s.mu.Lock()
 	next := from + 1
 	if h := s.head(st, time.Now()); s.cfg.Rate > 0 && next < h-s.cfg.Buffer {
 		next = h - s.cfg.Buffer // older messages are gone
 	}
+	if st.reset && next > s.head(st, time.Now())+1 {
+		next = 1 // a restarted upstream knows nothing of the old numbering: it starts at its oldest
+	}
+	gen := st.gen
 	s.mu.Unlock()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -383,6 +407,13 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		garbage := st.garbage > 0
 		if garbage {
 			st.garbage--
+		}
+		size := s.cfg.Size
+		if st.oversize > 0 {
+			size, st.oversize = st.oversize, 0
+		}
+		if st.gen != gen {
+			gen, next = st.gen, 1
 		}
 		s.mu.Unlock()
 		if garbage {
@@ -413,7 +444,7 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		if s.cfg.Rate > 0 {
 			ts = s.due(st, next).UnixMilli()
 		}
-		if err := s.writeFrame(c, Message(next, ts, s.cfg.Size)); err != nil {
+		if err := s.writeFrame(c, Message(next, ts, size)); err != nil {
 			return sent, last
 		}
 		sent, last = sent+1, next
@@ -427,6 +458,8 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 }
 
 func (s *Server) writeFrame(c *client, b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	_ = c.conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	return c.conn.WriteMessage(websocket.TextMessage, b)
 }
@@ -540,6 +573,26 @@ func (s *Server) Garbage(id string, n int) {
 		close(st.stallCh) // wake idle writers
 		st.stallCh = make(chan struct{})
 	})
+}
+
+// ResetNumbering restarts id's numbering at 1, as an upstream that lost its state
+// does: connected clients get seq 1 next, and a client asking to resume beyond the
+// new head starts at 1 too.
+func (s *Server) ResetNumbering(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stream(id)
+	st.t0, st.gen, st.reset = time.Now(), st.gen+1, true
+	close(st.stallCh) // wake idle writers
+	st.stallCh = make(chan struct{})
+}
+
+// Oversize makes id's next message carry a payload of size bytes (it takes its
+// sequence number like any other), to exceed a client's read limit.
+func (s *Server) Oversize(id string, size int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stream(id).oversize = size
 }
 
 // Stats returns id's counters.

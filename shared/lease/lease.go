@@ -180,6 +180,7 @@ type Lease struct {
 // observed status if it changed (empty Status leaves the stored one alone).
 type Progress struct {
 	LastSeq int64
+	Epoch   int64 // sequence epoch of LastSeq; written when not 0 (it only grows)
 	Status  string
 	Error   string
 }
@@ -446,6 +447,10 @@ func (s *Store) releaseAt(ctx context.Context, l Lease, p Progress, exp int64) e
 }
 
 func withStatus(set string, vals map[string]types.AttributeValue, p Progress, now int64) (string, map[string]types.AttributeValue) {
+	if p.Epoch != 0 {
+		set += ", #qe = :qe"
+		vals[":qe"] = codec.N(p.Epoch)
+	}
 	if p.Status == "" {
 		return set, vals
 	}
@@ -478,6 +483,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 	}
 	if !strings.Contains(update, "#e") {
 		delete(in.ExpressionAttributeNames, "#e") // a checkpoint leaves the expiry alone
+	}
+	if _, ok := vals[":qe"]; ok {
+		in.ExpressionAttributeNames["#qe"] = schema.AttrEpoch
 	}
 	if _, ok := vals[":st"]; ok {
 		in.ExpressionAttributeNames["#st"] = schema.AttrStatus

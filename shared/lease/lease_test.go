@@ -678,3 +678,28 @@ func TestAcquireBadSpecIsGivenBack(t *testing.T) {
 		t.Fatalf("lease spec %+v", l.Spec)
 	}
 }
+
+// The sequence epoch travels with the checkpoint: renews and the release write it,
+// and the next acquire returns it, so the next owner labels messages alike.
+func TestEpochIsCheckpointed(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	f.put(started("ep"))
+	l, err := s.Acquire(f.ctx, "ep", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := s.Renew(f.ctx, l, lease.Progress{LastSeq: 3, Epoch: 1}); err != nil || c.Epoch != 1 || c.LastSeq != 3 {
+		t.Fatalf("renew: %+v, %v", c, err)
+	}
+	if err := s.Release(f.ctx, l, lease.Progress{LastSeq: 9, Epoch: 2, Status: "seq_reset", Error: "sequence reset"}); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.get("ep"); c.Epoch != 2 || c.LastSeq != 9 || c.Status != "seq_reset" {
+		t.Fatalf("released item %+v", c)
+	}
+	l, err = s.Acquire(f.ctx, "ep", "w2")
+	if err != nil || l.Epoch != 2 || l.LastSeq != 9 {
+		t.Fatalf("acquire: %+v, %v", l, err)
+	}
+}

@@ -22,6 +22,13 @@ const (
 	EnvBadMessages    = "SOCKFLEET_BAD_MESSAGES"    // count | skip | pass
 	EnvLogLevel       = "SOCKFLEET_LOG_LEVEL"       // debug | info | warn | error; default info
 
+	// Worker: per-connection spec support (docs/CONNECTIONS.md).
+	EnvConnectQuota = "SOCKFLEET_CONNECT_QUOTA" // N/DURATION new connections per upstream host, e.g. 300/5m; empty: none
+	EnvSeqReset     = "SOCKFLEET_SEQ_RESET"     // accept | halt; default accept (a spec's seq_reset overrides)
+	EnvMaxSeqJump   = "SOCKFLEET_MAX_SEQ_JUMP"  // a sequence more than this past the last is bad; default 0: no limit
+	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → value serving {{secret:NAME}} locally; empty: Secrets Manager
+	EnvSecretsTTL   = "SOCKFLEET_SECRETS_TTL"   // how long a secret value is cached; default 5m
+
 	// Shared by worker and reconciler: the HMAC key of wakeup calls. The worker gets it
 	// injected by ECS from Secrets Manager; the reconciler may instead get the secret's
 	// ARN and read it once per cold start.

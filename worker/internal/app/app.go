@@ -23,6 +23,7 @@ import (
 	"github.com/sockfleet/sockfleet/worker/internal/config"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
+	"github.com/sockfleet/sockfleet/worker/internal/secrets"
 	"github.com/sockfleet/sockfleet/worker/internal/server"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 	wstream "github.com/sockfleet/sockfleet/worker/internal/stream"
@@ -47,6 +48,9 @@ type Deps struct {
 	// Stream tunes the connection runner (timeouts, backoff, jitter). Its sink,
 	// metrics, log and resume/sequence settings are filled from cfg and the above.
 	Stream wstream.Config
+	// Secrets resolves {{secret:…}} references; nil: a file cache when cfg names a
+	// secrets file, else none (a spec using a secret then fails to dial, saying so).
+	Secrets wstream.Secrets
 	// NoStartupPass skips the start-up acquire pass.
 	NoStartupPass bool
 }
@@ -115,6 +119,14 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if sc.BadMessages, err = wstream.ParseBadPolicy(cfg.BadMessages); err != nil {
 		return nil, err
 	}
+	if sc.Quota, err = wstream.ParseQuota(cfg.ConnectQuota); err != nil {
+		return nil, err
+	}
+	sc.SeqReset, sc.MaxSeqJump = cfg.SeqReset, cfg.MaxSeqJump
+	sc.Secrets = d.Secrets
+	if sc.Secrets == nil && cfg.SecretsFile != "" {
+		sc.Secrets = &secrets.Cache{Source: secrets.File{Path: cfg.SecretsFile}, TTL: cfg.SecretsTTL}
+	}
 	if err := sc.Fill(); err != nil {
 		return nil, err
 	}
@@ -136,8 +148,13 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		SkewMargin: cfg.SkewMargin, DrainTimeout: cfg.DrainTimeout,
 		Store:    store,
 		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
-		NewStream: func(id, url string, lastSeq int64, valid func() bool) owner.Stream {
-			s := wstream.New(&sc, id, url, lastSeq)
+		NewStream: func(l lease.Lease, valid func() bool) owner.Stream {
+			s := wstream.New(&sc, l.ID, l.WSURL, l.LastSeq)
+			if err := s.UseSpec(l.Spec, l.Epoch); err != nil {
+				// The codec validated the spec on acquire; this only happens if the two
+				// disagree. Stream with the fleet defaults rather than not at all, and say so.
+				d.Log.Error("spec refused by the stream; using fleet defaults", "conn", l.ID, "err", err)
+			}
 			s.GuardWith(valid)
 			return s
 		},

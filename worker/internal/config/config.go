@@ -52,6 +52,12 @@ type Config struct {
 	SeqPath     string // JSON field path of a message's sequence; empty: count messages
 	BadMessages string // count | skip | pass
 
+	ConnectQuota string        // N/DURATION per upstream host; see stream.ParseQuota
+	SeqReset     string        // accept | halt
+	MaxSeqJump   int64         // 0: no limit
+	SecretsFile  string        // local secrets (make run); empty: Secrets Manager
+	SecretsTTL   time.Duration // default 5m
+
 	WakeupSecret []byte
 	ServiceName  string // ServiceName dimension of emitted metrics; empty: none
 
@@ -180,6 +186,18 @@ func (c *Config) Validate() error {
 	if _, err := stream.ParseBadPolicy(c.BadMessages); err != nil {
 		bad(schema.EnvBadMessages, "%v", err)
 	}
+	if _, err := stream.ParseQuota(c.ConnectQuota); err != nil {
+		bad(schema.EnvConnectQuota, "%v", err)
+	}
+	if c.SeqReset != "" && c.SeqReset != schema.SeqResetAccept && c.SeqReset != schema.SeqResetHalt {
+		bad(schema.EnvSeqReset, "%q: want %s or %s", c.SeqReset, schema.SeqResetAccept, schema.SeqResetHalt)
+	}
+	if c.MaxSeqJump < 0 {
+		bad(schema.EnvMaxSeqJump, "%d must not be negative", c.MaxSeqJump)
+	}
+	if c.SecretsTTL < 0 {
+		bad(schema.EnvSecretsTTL, "%s must not be negative", c.SecretsTTL)
+	}
 	if _, err := wakeup.ParseSecret(string(c.WakeupSecret)); err != nil {
 		bad(schema.EnvWakeupSecret, "%v", err)
 	}
@@ -275,6 +293,17 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	str(schema.EnvResume, &c.Resume)
 	c.SeqPath = getenv(schema.EnvSeqPath)
 	str(schema.EnvBadMessages, &c.BadMessages)
+	str(schema.EnvConnectQuota, &c.ConnectQuota)
+	str(schema.EnvSeqReset, &c.SeqReset)
+	str(schema.EnvSecretsFile, &c.SecretsFile)
+	dur(schema.EnvSecretsTTL, &c.SecretsTTL)
+	if v := getenv(schema.EnvMaxSeqJump); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %q is not an integer", schema.EnvMaxSeqJump, v))
+		}
+		c.MaxSeqJump = n
+	}
 	c.WakeupSecret = []byte(getenv(schema.EnvWakeupSecret))
 	c.ServiceName = getenv(schema.EnvServiceName)
 	if len(errs) > 0 {

@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -87,7 +88,28 @@ var (
 	errDraining = fmt.Errorf("worker draining: %w", stream.ErrGraceful)
 	// errExpelled: the membership renew says this worker is no longer a member.
 	errExpelled = errors.New("expelled: no longer a member")
+	// The operator changed the connection's spec: give the lease back so the next
+	// acquire (the release wakes one) streams with the new spec from the checkpoint.
+	errSpecChanged = fmt.Errorf("spec changed: %w", stream.ErrGraceful)
+	errHalted      = errors.New("stream halted itself")
 )
+
+// sequenced is implemented by streams that track a sequence epoch and may halt
+// themselves (a reset of the upstream's numbering under seq_reset=halt).
+type sequenced interface {
+	Epoch() int64
+	Halted() error
+}
+
+// progress is o's checkpoint: its last sequence and, if the stream tracks one, the
+// epoch of that sequence.
+func progress(o *owned) lease.Progress {
+	p := lease.Progress{LastSeq: o.s.LastSeq()}
+	if sq, ok := o.s.(sequenced); ok {
+		p.Epoch = sq.Epoch()
+	}
+	return p
+}
 
 // Config configures a Manager.
 type Config struct {
@@ -112,7 +134,7 @@ type Config struct {
 	Candidates func(ctx context.Context) ([]string, error)
 	// NewStream makes a connection's stream; valid reports, on the monotonic clock,
 	// whether the lease is still before its fence deadline.
-	NewStream func(id, url string, lastSeq int64, valid func() bool) Stream
+	NewStream func(l lease.Lease, valid func() bool) Stream
 
 	// Polling mode (the seed's design; nil in stream mode). Orphans lists STARTED
 	// connections whose lease is released or expired; it is called every PollInterval
@@ -358,7 +380,7 @@ func (m *Manager) renew(ctx context.Context, o *owned) error {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
 	defer cancel()
-	p := lease.Progress{LastSeq: o.s.LastSeq()}
+	p := progress(o)
 	st := o.s.Status()
 	if st != o.written {
 		p.Status, p.Error = st.State, st.Error
@@ -417,6 +439,12 @@ func (m *Manager) act(o *owned, c codec.Connection) {
 		err := schema.ValidateURL(c.WSURL)
 		m.cfg.Log.Warn("ws_url unusable; stopping", "conn", o.lease.ID, "err", err)
 		o.cancel(unusable(err))
+	case c.SpecErr != nil:
+		m.cfg.Log.Warn("spec unusable; stopping", "conn", o.lease.ID, "err", c.SpecErr)
+		o.cancel(unusable(c.SpecErr))
+	case !reflect.DeepEqual(c.Spec, o.lease.Spec):
+		m.cfg.Log.Info("spec changed; releasing to restart with it", "conn", o.lease.ID)
+		o.cancel(errSpecChanged)
 	case c.WSURL != o.s.URL():
 		m.cfg.Log.Info("ws_url changed; reconnecting", "conn", o.lease.ID)
 		o.s.SetURL(c.WSURL)
@@ -477,7 +505,7 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 	ctx, cancel := context.WithCancelCause(m.base)
 	o := &owned{lease: l, ctx: ctx, cancel: cancel, done: make(chan struct{})}
 	o.renewedAt.Store(int64(t0.Sub(m.started)))
-	o.s = m.cfg.NewStream(l.ID, l.WSURL, l.LastSeq, func() bool { return m.beforeFence(o) })
+	o.s = m.cfg.NewStream(l, func() bool { return m.beforeFence(o) })
 	o.written = o.s.Status()
 	o.writtenSeq, o.checkpointAt = l.LastSeq, int64(t0.Sub(m.started))
 	if m.mem == nil { // in membership mode one timer fences every connection
@@ -493,6 +521,12 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 func (m *Manager) session(o *owned) {
 	defer close(o.done)
 	o.s.Run(o.ctx)
+	if sq, ok := o.s.(sequenced); ok && o.ctx.Err() == nil && sq.Halted() != nil {
+		if o.timer != nil {
+			o.timer.Stop()
+		}
+		o.cancel(fmt.Errorf("%w: %w", errHalted, sq.Halted()))
+	}
 	if o.timer != nil && o.timer.Stop() && o.ctx.Err() == nil {
 		m.fenced(o) // the stream saw the fence deadline pass before the timer fired
 	}
@@ -507,8 +541,12 @@ func (m *Manager) session(o *owned) {
 	if errors.Is(cause, errLost) || errors.Is(cause, errDeleted) {
 		return
 	}
-	p := lease.Progress{LastSeq: o.s.LastSeq()} // draining: the store's default "released"
+	p := progress(o) // draining: the store's default "released"
 	switch {
+	case errors.Is(cause, errHalted):
+		p.Status, p.Error = schema.StatusSeqReset, cause.Error()
+	case cause == errSpecChanged:
+		p.Status = "restarting"
 	case errors.Is(cause, errStopped):
 		p.Status = "stopped"
 	case errors.Is(cause, errInvalid):

@@ -141,7 +141,8 @@ func newRig(t *testing.T, max int) *rig {
 		Lease: 10 * time.Second, RenewDeadline: 6 * time.Second, RenewInterval: 2 * time.Second,
 		SkewMargin: time.Second, DrainTimeout: 5 * time.Second,
 		Store: r.store, Registry: r.reg,
-		NewStream: func(id, u string, seq int64, _ func() bool) Stream {
+		NewStream: func(l lease.Lease, _ func() bool) Stream {
+			id, u, seq := l.ID, l.WSURL, l.LastSeq
 			s := &fakeStream{}
 			s.url.Store(&u)
 			s.seq.Store(seq)
@@ -393,7 +394,7 @@ func TestHealthFailsWhenLoopStalls(t *testing.T) {
 
 func TestConfigTimingRule(t *testing.T) {
 	base := Config{WorkerID: "w", MaxConnections: 1, Store: &fakeStore{}, Registry: &fakeRegistry{},
-		NewStream: func(string, string, int64, func() bool) Stream { return nil }, DrainTimeout: time.Second, SkewMargin: time.Second}
+		NewStream: func(lease.Lease, func() bool) Stream { return nil }, DrainTimeout: time.Second, SkewMargin: time.Second}
 	cases := []struct {
 		lease, deadline, interval time.Duration
 		ok                        bool
