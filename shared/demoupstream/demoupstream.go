@@ -250,12 +250,12 @@ func (s *Server) head(st *stream, now time.Time) int64 {
 	return int64(now.Sub(st.t0).Seconds() * s.cfg.Rate)
 }
 
-// due is when seq is produced.
-func (s *Server) due(st *stream, seq int64) time.Time {
+// dueAt is when seq is produced on a stream whose clock started at t0.
+func (s *Server) dueAt(t0 time.Time, seq int64) time.Time {
 	if s.cfg.Rate <= 0 {
-		return st.t0
+		return t0
 	}
-	return st.t0.Add(time.Duration(float64(seq) / s.cfg.Rate * float64(time.Second)))
+	return t0.Add(time.Duration(float64(seq) / s.cfg.Rate * float64(time.Second)))
 }
 
 // Message returns the frame of seq on stream id; ts is its production time in ms.
@@ -415,6 +415,7 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		if st.gen != gen {
 			gen, next = st.gen, 1
 		}
+		stallCh, t0 := st.stallCh, st.t0
 		s.mu.Unlock()
 		if garbage {
 			if err := s.writeFrame(c, []byte("\x00not json {{{")); err != nil {
@@ -426,12 +427,12 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 			select {
 			case <-c.stop:
 				return sent, last
-			case <-st.stallCh:
+			case <-stallCh:
 				continue // stall state changed; re-check garbage and stall
 			}
 		}
 		now := time.Now()
-		if due := s.due(st, next); due.After(now) {
+		if due := s.dueAt(t0, next); due.After(now) {
 			timer.Reset(due.Sub(now))
 			select {
 			case <-c.stop:
@@ -442,7 +443,7 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		}
 		ts := now.UnixMilli()
 		if s.cfg.Rate > 0 {
-			ts = s.due(st, next).UnixMilli()
+			ts = s.dueAt(t0, next).UnixMilli()
 		}
 		if err := s.writeFrame(c, Message(next, ts, size)); err != nil {
 			return sent, last

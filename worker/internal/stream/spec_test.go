@@ -1,0 +1,382 @@
+package stream
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"weak"
+
+	"github.com/gorilla/websocket"
+	"github.com/sockfleet/sockfleet/shared/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/secrets"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
+)
+
+// specStream is a stream of id on up with spec applied.
+func specStream(t *testing.T, cfg *Config, url, id string, lastSeq int64, sp schema.Spec) *Stream {
+	t.Helper()
+	s := New(cfg, id, url, lastSeq)
+	if err := s.UseSpec(sp, 0); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// noDuplicates checks that no (epoch, seq) reached the sink twice.
+func noDuplicates(t *testing.T, msgs []sink.Message) {
+	t.Helper()
+	seen := map[[2]int64]bool{}
+	for _, m := range msgs {
+		k := [2]int64{m.Epoch, m.Seq}
+		if !m.Bad && seen[k] {
+			t.Fatalf("seq %d (epoch %d) delivered twice", m.Seq, m.Epoch)
+		}
+		seen[k] = true
+	}
+}
+
+func (s *memSink) all() []sink.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]sink.Message(nil), s.msgs...)
+}
+
+// closeRecorder is an upstream that records the close code each client sent.
+type closeRecorder struct {
+	mu     sync.Mutex
+	codes  []int
+	query  []string
+	header []http.Header
+}
+
+func (c *closeRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	c.query = append(c.query, r.URL.RawQuery)
+	c.header = append(c.header, r.Header.Clone())
+	c.mu.Unlock()
+	conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	for {
+		if _, _, err := conn.ReadMessage(); err != nil {
+			code := -1
+			if ce, ok := err.(*websocket.CloseError); ok {
+				code = ce.Code
+			}
+			c.mu.Lock()
+			c.codes = append(c.codes, code)
+			c.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (c *closeRecorder) snapshot() ([]int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int(nil), c.codes...), append([]string(nil), c.query...)
+}
+
+func wsURL(srv *httptest.Server, path string) string {
+	return "ws" + strings.TrimPrefix(srv.URL, "http") + path
+}
+
+// A stop sends a close frame, so the upstream sees 1000, not an abnormal 1006.
+func TestStopSendsCloseFrame(t *testing.T) {
+	rec := &closeRecorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	s := New(testConfig(t, &memSink{}, "seq"), "c", wsURL(srv, "/x"), 5)
+	stop := run(s)
+	waitFor(t, 5*time.Second, "connected", func() bool { _, q := rec.snapshot(); return len(q) == 1 })
+	time.Sleep(50 * time.Millisecond) // let the session start its reader and writer
+	stop(ErrGraceful)
+	waitFor(t, 5*time.Second, "the upstream saw the close", func() bool { c, _ := rec.snapshot(); return len(c) == 1 })
+	if codes, _ := rec.snapshot(); codes[0] != websocket.CloseNormalClosure {
+		t.Fatalf("upstream saw close code %d, want %d", codes[0], websocket.CloseNormalClosure)
+	}
+}
+
+// weakSink keeps weak pointers to the data of every message written.
+type weakSink struct {
+	mu   sync.Mutex
+	ptrs []weak.Pointer[byte]
+}
+
+func (w *weakSink) Write(_ context.Context, b []sink.Message) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range b {
+		if len(m.Data) > 0 {
+			w.ptrs = append(w.ptrs, weak.Make(&m.Data[0]))
+		}
+	}
+	return nil
+}
+func (w *weakSink) Close() error { return nil }
+
+func (w *weakSink) live() (n, total int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, p := range w.ptrs {
+		if p.Value() != nil {
+			n++
+		}
+	}
+	return n, len(w.ptrs)
+}
+
+// Once a batch is written, the stream holds no reference to its frames: an idle
+// socket after a burst keeps none of the burst's data alive.
+func TestWrittenBatchesKeepNoReferences(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: -1, Size: 2000})
+	snk := &weakSink{}
+	cfg := testConfig(t, snk, "seq")
+	cfg.BatchSize = 256
+	s := New(cfg, "b", up.URL("b"), 0)
+	stop := run(s)
+	defer stop(ErrGraceful)
+	waitFor(t, 5*time.Second, "500 messages", func() bool { _, n := snk.live(); return n >= 500 })
+	up.Stall("b", true) // the socket goes quiet, the session stays up
+	// Wait until what was in flight has been delivered.
+	for prev := -1; ; time.Sleep(200 * time.Millisecond) {
+		if _, n := snk.live(); n == prev {
+			break
+		} else {
+			prev = n
+		}
+	}
+	var live, total int
+	for range 5 {
+		runtime.GC()
+		if live, total = snk.live(); live <= 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// At most the frame the reader is handling may still be referenced.
+	if live > 1 {
+		t.Fatalf("%d of %d delivered frames still referenced by an idle session", live, total)
+	}
+}
+
+// The secret's value reaches the handshake and appears in no log line, status or
+// metric; after a 401 the secret is read again at once, not after its TTL.
+func TestSecretHeaderReachesHandshakeOnly(t *testing.T) {
+	const value = "s3cr3t-value-91"
+	up := upstream(t, demoupstream.Config{Rate: 200, Rules: demoupstream.Rules{
+		Header: "Authorization", HeaderValue: "Bearer " + value, Subprotocol: "v2.feed"}})
+	file := filepath.Join(t.TempDir(), "secrets.json")
+	if err := os.WriteFile(file, []byte(`{"feed/token":"wrong-value-1"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	snk := &memSink{}
+	cfg := testConfig(t, snk, "seq")
+	cfg.Log = slog.New(slog.NewJSONHandler(syncWriter{&logs, &logMu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	cfg.Secrets = &secrets.Cache{Source: secrets.File{Path: file}, TTL: time.Hour}
+	s := specStream(t, cfg, up.URL("h"), "h", 0, schema.Spec{
+		Headers:      map[string]string{"Authorization": "Bearer {{secret:feed/token}}"},
+		Subprotocols: []string{"v2.feed"},
+	})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "a refused handshake", func() bool { return up.Stats("h").Refused >= 1 })
+	if st := s.Status(); !strings.Contains(st.Error, "401") {
+		t.Fatalf("status after a wrong secret: %+v", st)
+	}
+	// Rotate the secret: the refused handshake made the stream forget the old value.
+	if err := os.WriteFile(file, []byte(`{"feed/token":"`+value+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 20 })
+	stop(ErrGraceful)
+	contiguous(t, snk.seqs(), 1)
+	var text bytes.Buffer
+	_ = cfg.Metrics.WriteText(&text)
+	logMu.Lock()
+	defer logMu.Unlock()
+	for what, got := range map[string]string{"logs": logs.String(), "status": s.Status().Error, "metrics": text.String()} {
+		if strings.Contains(got, value) || strings.Contains(got, "wrong-value-1") {
+			t.Fatalf("a secret value appears in the %s: %s", what, got)
+		}
+	}
+	if !strings.Contains(logs.String(), "401") {
+		t.Fatalf("the refusal was not logged at all: %s", logs.String())
+	}
+}
+
+type syncWriter struct {
+	b  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (w syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// Without the right header or subprotocol the upstream refuses, and the stream
+// backs off with the status saying so.
+func TestHandshakeRulesRefuse(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 100, Rules: demoupstream.Rules{Header: "X-Key", HeaderValue: "k", Subprotocol: "v2"}})
+	for name, sp := range map[string]schema.Spec{
+		"no header":      {Subprotocols: []string{"v2"}},
+		"no subprotocol": {Headers: map[string]string{"X-Key": "k"}},
+	} {
+		s := specStream(t, testConfig(t, &memSink{}, "seq"), up.URL(name), name, 0, sp)
+		stop := run(s)
+		waitFor(t, 5*time.Second, name+" refused", func() bool { return s.Status().State == "backoff" })
+		stop(ErrGraceful)
+		if st := s.Status(); !strings.Contains(st.Error, "handshake status 40") {
+			t.Fatalf("%s: status %+v", name, st)
+		}
+	}
+	s := specStream(t, testConfig(t, &memSink{}, "seq"), up.URL("ok"), "ok", 0,
+		schema.Spec{Headers: map[string]string{"X-Key": "k"}, Subprotocols: []string{"v2"}})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "streaming", func() bool { return s.LastSeq() > 5 })
+	stop(ErrGraceful)
+}
+
+var subscribeRules = demoupstream.Rules{Subscribe: `"type":"subscribe"`, Subscribed: `{"type":"subscribed"}`, SubscribeWithin: 300 * time.Millisecond}
+
+// An upstream that drops clients that have not subscribed in time streams with an
+// open message; the reply is awaited; without it the stream never gets data.
+func TestOpenMessageSubscribes(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 200, Rules: subscribeRules})
+	snk := &memSink{}
+	s := specStream(t, testConfig(t, snk, "seq"), up.URL("o"), "o", 10, schema.Spec{OpenMessages: []schema.OpenMessage{
+		{Text: `{"type":"subscribe","channel":"{conn}","after":{seq}}`, ExpectField: "type=subscribed", Timeout: time.Second},
+	}})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 50 })
+	stop(ErrGraceful)
+	contiguous(t, snk.seqs(), 11)
+	if n := up.Stats("o").Connects; n != 1 {
+		t.Fatalf("%d connects, want 1", n)
+	}
+
+	// Without the open message the upstream closes the socket, again and again, and
+	// nothing is ever delivered.
+	bareSink := &memSink{}
+	bare := New(testConfig(t, bareSink, "seq"), "bare", up.URL("bare"), 0)
+	stop = run(bare)
+	waitFor(t, 5*time.Second, "two drops", func() bool { return up.Stats("bare").Connects >= 2 })
+	stop(ErrGraceful)
+	if n := len(bareSink.seqs()); n != 0 {
+		t.Fatalf("%d messages without subscribing", n)
+	}
+}
+
+// A reply that never comes fails the session; the status names the frame.
+func TestOpenMessageReplyTimeout(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 0})
+	cfg := testConfig(t, &memSink{}, "seq")
+	s := specStream(t, cfg, up.URL("t"), "t", 0, schema.Spec{OpenMessages: []schema.OpenMessage{
+		{Text: "hello"},
+		{Text: "subscribe", Expect: "never-sent", Timeout: 100 * time.Millisecond},
+	}})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "backoff", func() bool { return s.Status().State == "backoff" })
+	stop(ErrGraceful)
+	if st := s.Status(); !strings.Contains(st.Error, `open_messages[1]: no reply containing "never-sent" within 100ms`) {
+		t.Fatalf("status %+v", st)
+	}
+	if cfg.Metrics.OpenFailures.Load() == 0 {
+		t.Fatal("open failure not counted")
+	}
+}
+
+var keepaliveRules = demoupstream.Rules{Keepalive: "KeepAlive", KeepaliveWithin: 400 * time.Millisecond, Pong: `{"type":"pong"}`}
+
+// An upstream that closes quiet clients keeps a client with a keepalive; a pong
+// match that never matches fails the session.
+func TestKeepalive(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 200, Rules: keepaliveRules})
+	snk := &memSink{}
+	s := specStream(t, testConfig(t, snk, "seq"), up.URL("k"), "k", 0, schema.Spec{Keepalive: &schema.Keepalive{
+		Message: `{"type":"KeepAlive"}`, Interval: 100 * time.Millisecond, Pong: `"pong"`, PongTimeout: 300 * time.Millisecond}})
+	stop := run(s)
+	time.Sleep(1500 * time.Millisecond)
+	stop(ErrGraceful)
+	if n := up.Stats("k").Connects; n != 1 {
+		t.Fatalf("%d connects with a keepalive, want 1 (status %+v)", n, s.Status())
+	}
+	contiguous(t, snk.seqs(), 1)
+
+	bare := New(testConfig(t, &memSink{}, "seq"), "bare", up.URL("bare"), 0)
+	stop = run(bare)
+	waitFor(t, 5*time.Second, "two drops", func() bool { return up.Stats("bare").Connects >= 2 })
+	stop(ErrGraceful)
+
+	cfg := testConfig(t, &memSink{}, "seq")
+	nopong := specStream(t, cfg, up.URL("np"), "np", 0, schema.Spec{Keepalive: &schema.Keepalive{
+		Message: `{"type":"KeepAlive"}`, Interval: 100 * time.Millisecond, Pong: "never", PongTimeout: 200 * time.Millisecond}})
+	stop = run(nopong)
+	waitFor(t, 5*time.Second, "pong failure", func() bool { return strings.Contains(nopong.Status().Error, "keepalive: no reply") })
+	stop(ErrGraceful)
+}
+
+// start: latest asks for no resume point on a first connect, earliest for 0, N for
+// N; a checkpoint always wins.
+func TestStart(t *testing.T) {
+	rec := &closeRecorder{}
+	srv := httptest.NewServer(rec)
+	defer srv.Close()
+	cases := []struct {
+		start   string
+		lastSeq int64
+		want    string
+	}{
+		{"", 0, ""},
+		{schema.StartLatest, 0, ""},
+		{schema.StartEarliest, 0, "from=0"},
+		{"4200", 0, "from=4200"},
+		{schema.StartLatest, 7, "from=7"},
+	}
+	for i, tc := range cases {
+		s := specStream(t, testConfig(t, &memSink{}, "seq"), wsURL(srv, "/x"), "s", tc.lastSeq, schema.Spec{Start: tc.start})
+		stop := run(s)
+		waitFor(t, 5*time.Second, "dialed", func() bool { _, q := rec.snapshot(); return len(q) == i+1 })
+		stop(ErrGraceful)
+		if _, q := rec.snapshot(); q[i] != tc.want {
+			t.Errorf("start %q, last_seq %d: query %q, want %q", tc.start, tc.lastSeq, q[i], tc.want)
+		}
+	}
+}
+
+// No data for idle_timeout sets status idle (and the gauge); data clears it. With
+// idle_reconnect the stream dials again.
+func TestIdleTimeout(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 0})
+	cfg := testConfig(t, &memSink{}, "seq")
+	s := specStream(t, cfg, up.URL("i")+"?from=45461", "i", 45461, schema.Spec{IdleTimeout: time.Second})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "idle", func() bool { return s.Status().State == schema.StatusIdle })
+	if st := s.Status(); !strings.Contains(st.Error, "asked to resume after 45461") || cfg.Metrics.IdleNow.Load() != 1 {
+		t.Fatalf("status %+v, idle gauge %d", st, cfg.Metrics.IdleNow.Load())
+	}
+	stop(ErrGraceful)
+	if cfg.Metrics.IdleNow.Load() != 0 {
+		t.Fatal("idle gauge not cleared when the stream stopped")
+	}
+
+	r := specStream(t, testConfig(t, &memSink{}, "seq"), up.URL("r"), "r", 0, schema.Spec{IdleTimeout: time.Second, IdleReconnect: true})
+	stop = run(r)
+	waitFor(t, 8*time.Second, "a reconnect", func() bool { return up.Stats("r").Connects >= 2 })
+	stop(ErrGraceful)
+}
