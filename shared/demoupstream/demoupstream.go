@@ -408,10 +408,6 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		if garbage {
 			st.garbage--
 		}
-		size := s.cfg.Size
-		if st.oversize > 0 {
-			size, st.oversize = st.oversize, 0
-		}
 		if st.gen != gen {
 			gen, next = st.gen, 1
 		}
@@ -445,6 +441,12 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		if s.cfg.Rate > 0 {
 			ts = s.dueAt(t0, next).UnixMilli()
 		}
+		size := s.cfg.Size
+		s.mu.Lock()
+		if st.oversize > 0 {
+			size, st.oversize = st.oversize, 0
+		}
+		s.mu.Unlock()
 		if err := s.writeFrame(c, Message(next, ts, size)); err != nil {
 			return sent, last
 		}

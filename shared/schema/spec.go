@@ -50,7 +50,7 @@ const (
 	MaxOpenMessages   = 16
 	MaxFrameLen       = 64 << 10
 	MaxSpecTimeout    = 5 * time.Minute
-	MinMaxLifetime    = 10 * time.Second
+	MinMaxLifetime    = time.Second
 	MinKeepalive      = 100 * time.Millisecond
 	MinIdleTimeout    = time.Second
 	DefaultOpenWait   = 10 * time.Second

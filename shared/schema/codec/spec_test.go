@@ -110,7 +110,7 @@ func TestDecodeSpecRejectsBadSpecs(t *testing.T) {
 		{"keepalive no interval", schema.AttrKeepalive, m("message", S("p")), "keepalive: interval 0s"},
 		{"keepalive interval type", schema.AttrKeepalive, m("message", S("p"), "interval", N(5)), "keepalive: invalid interval: type N, want S"},
 		{"keepalive pong timeout alone", schema.AttrKeepalive, m("message", S("p"), "interval", S("5s"), "pong_timeout", S("1s")), "pong_timeout set without pong"},
-		{"max_lifetime short", schema.AttrMaxLifetime, S("1s"), "max_lifetime: 1s: at least 10s"},
+		{"max_lifetime short", schema.AttrMaxLifetime, S("500ms"), "max_lifetime: 500ms: at least 1s"},
 		{"max_lifetime negative", schema.AttrMaxLifetime, S("-1h"), `max_lifetime "-1h": want a non-negative duration`},
 		{"max_lifetime number", schema.AttrMaxLifetime, N(60), "max_lifetime: type N, want S"},
 		{"resume bad", schema.AttrResume, S("cookie:x={seq}"), "resume: \"cookie:x={seq}\": want query"},

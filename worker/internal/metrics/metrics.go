@@ -61,6 +61,7 @@ type Counters struct {
 	IdleNow       atomic.Int64 // gauge: connections idle now
 	Rotations     atomic.Int64 // sockets replaced make-before-break (max_lifetime or announced shutdown)
 	Overlap       atomic.Int64 // gauge: extra sockets held now while rotating
+	OverlapPeak   atomic.Int64 // the most extra sockets held at once while rotating
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
 	SecretErrors  atomic.Int64 // secret references that could not be resolved
@@ -111,6 +112,7 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_idle_connections", &c.IdleNow},
 		{"sockfleet_rotations_total", &c.Rotations},
 		{"sockfleet_rotation_overlap_sockets", &c.Overlap},
+		{"sockfleet_rotation_overlap_peak_sockets", &c.OverlapPeak},
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},

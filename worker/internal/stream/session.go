@@ -526,8 +526,11 @@ func (s *Stream) closeSocket(sock *socket) {
 func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct{}, next chan<- *socket) {
 	var due <-chan time.Time
 	if life := s.set.spec.MaxLifetime; life > 0 {
-		lead := min(max(life/10, time.Second), 30*time.Second)
-		lead += time.Duration(s.cfg.Jitter() * float64(lead)) // a fleet opened at once does not rotate at once
+		// Rotate a little before the cap (a tenth of it, 1 s to 30 s, at most a quarter),
+		// plus up to as much again of jitter, so a fleet opened at once does not
+		// rotate at once.
+		lead := min(max(life/10, time.Second), 30*time.Second, life/4)
+		lead += time.Duration(s.cfg.Jitter() * float64(lead))
 		t := time.NewTimer(time.Until(sock.opened.Add(life - lead)))
 		defer t.Stop()
 		due = t.C
@@ -550,7 +553,11 @@ func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct
 		}
 		fresh, err := s.connect(ctx, from, resumed)
 		if err == nil {
-			s.cfg.Metrics.Overlap.Add(1)
+			// Both sockets are open now: the old one streams until its reader stops.
+			n := s.cfg.Metrics.Overlap.Add(1)
+			for p := s.cfg.Metrics.OverlapPeak.Load(); n > p && !s.cfg.Metrics.OverlapPeak.CompareAndSwap(p, n); {
+				p = s.cfg.Metrics.OverlapPeak.Load()
+			}
 			next <- fresh
 			sock.stopReading()
 			return

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -379,4 +380,202 @@ func TestIdleTimeout(t *testing.T) {
 	stop = run(r)
 	waitFor(t, 8*time.Second, "a reconnect", func() bool { return up.Stats("r").Connects >= 2 })
 	stop(ErrGraceful)
+}
+
+// A restarted numbering mid-session (and on a reconnect: the first message below
+// the resume point) starts a new epoch: delivery goes on, nothing is lost, the sink
+// can tell the epochs apart, and Epoch is checkpointed.
+func TestSeqResetAccept(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 300})
+	snk := &memSink{}
+	cfg := testConfig(t, snk, "seq")
+	cfg.ResetBelow = 5
+	s := specStream(t, cfg, up.URL("r"), "r", 0, schema.Spec{})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 30 })
+	up.ResetNumbering("r") // the same socket goes on at seq 1
+	waitFor(t, 5*time.Second, "epoch 1", func() bool { return s.Epoch() == 1 && s.LastSeq() >= 30 })
+	up.ResetNumbering("r")
+	up.Drop("r") // the reconnect asks to resume beyond the new head: it gets seq 1
+	waitFor(t, 5*time.Second, "epoch 2", func() bool { return s.Epoch() == 2 && s.LastSeq() >= 30 })
+	stop(ErrGraceful)
+	msgs := snk.all()
+	noDuplicates(t, msgs)
+	byEpoch := map[int64][]int64{}
+	for _, m := range msgs {
+		byEpoch[m.Epoch] = append(byEpoch[m.Epoch], m.Seq)
+	}
+	for e := int64(0); e <= 2; e++ {
+		if len(byEpoch[e]) == 0 {
+			t.Fatalf("no messages in epoch %d", e)
+		}
+		contiguous(t, byEpoch[e], 1)
+	}
+	if n := cfg.Metrics.SeqResets.Load(); n != 2 {
+		t.Fatalf("%d resets counted, want 2", n)
+	}
+}
+
+// Under seq_reset=halt the stream stops by itself with status seq_reset, having
+// delivered everything before the reset and nothing after it.
+func TestSeqResetHalt(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 300})
+	snk := &memSink{}
+	cfg := testConfig(t, snk, "seq")
+	s := specStream(t, cfg, up.URL("h"), "h", 0, schema.Spec{SeqReset: schema.SeqResetHalt})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 30 })
+	up.ResetNumbering("h")
+	up.Drop("h")
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the stream did not halt")
+	}
+	if err := s.Halted(); err == nil || s.Status().State != schema.StatusSeqReset || !strings.Contains(s.Status().Error, "sequence reset") {
+		t.Fatalf("halted %v, status %+v", err, s.Status())
+	}
+	seqs := snk.seqs()
+	contiguous(t, seqs, 1)
+	if s.LastSeq() != seqs[len(seqs)-1] || s.Epoch() != 0 {
+		t.Fatalf("checkpoint %d epoch %d, last delivered %d", s.LastSeq(), s.Epoch(), seqs[len(seqs)-1])
+	}
+}
+
+// A frame over the read limit is a bad message: the socket stays up (no reconnect
+// that would replay the same frame for ever), the frame's sequence shows as a gap.
+func TestOverLimitFrameIsBad(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 300, Size: 10})
+	for _, policy := range []BadPolicy{BadCount, BadPass} {
+		snk := &memSink{}
+		cfg := testConfig(t, snk, "seq")
+		cfg.ReadLimit = 1024
+		id := "o-" + string(policy)
+		s := specStream(t, cfg, up.URL(id), id, 0, schema.Spec{BadMessages: string(policy)})
+		stop := run(s)
+		waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 10 })
+		up.Oversize(id, 64<<10)
+		waitFor(t, 5*time.Second, "the oversized frame", func() bool { return cfg.Metrics.OverLimit.Load() == 1 })
+		n := len(snk.seqs())
+		waitFor(t, 5*time.Second, "messages after it", func() bool { return len(snk.seqs()) >= n+20 })
+		stop(ErrGraceful)
+		if c := up.Stats(id).Connects; c != 1 {
+			t.Fatalf("%s: %d connects, want 1", policy, c)
+		}
+		if cfg.Metrics.BadMessages.Load() != 1 || cfg.Metrics.SeqGaps.Load() != 1 || cfg.Metrics.SeqGapMissing.Load() != 1 {
+			t.Fatalf("%s: bad %d, gaps %d (missing %d); want 1, 1, 1", policy, cfg.Metrics.BadMessages.Load(),
+				cfg.Metrics.SeqGaps.Load(), cfg.Metrics.SeqGapMissing.Load())
+		}
+		passed := 0
+		for _, m := range snk.all() {
+			if m.Bad {
+				passed++
+				if len(m.Data) != 1024 {
+					t.Fatalf("passed-on frame of %d bytes, want the first 1024", len(m.Data))
+				}
+			}
+		}
+		if want := map[BadPolicy]int{BadCount: 0, BadPass: 1}[policy]; passed != want {
+			t.Fatalf("%s: %d passed on, want %d", policy, passed, want)
+		}
+	}
+}
+
+// The sequence judgement, frame by frame (pure logic).
+func TestTracker(t *testing.T) {
+	cfg := testConfig(t, &memSink{}, "seq")
+	cfg.ResetBelow = 100
+	s := New(cfg, "t", "ws://h/x", 0)
+	if err := s.UseSpec(schema.Spec{MaxSeqJump: 1000}, 0); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(seq int) frame { return frame{data: []byte(`{"seq":` + strconv.Itoa(seq) + `}`)} }
+	tr := &tracker{s: s, sock: &socket{from: 500, resumed: true}, st: readState{last: 500, ref: true}, counter: 500, first: true}
+	type step struct {
+		seq       int
+		queued    bool
+		wantSeq   int64
+		wantEpoch int64
+	}
+	run := func(steps []step) {
+		t.Helper()
+		for i, st := range steps {
+			m, ok, err := tr.next(msg(st.seq))
+			if err != nil {
+				t.Fatalf("step %d (seq %d): %v", i, st.seq, err)
+			}
+			if ok != st.queued || (ok && (m.Seq != st.wantSeq || m.Epoch != st.wantEpoch)) {
+				t.Fatalf("step %d (seq %d): queued %v seq %d epoch %d; want %v %d %d", i, st.seq, ok, m.Seq, m.Epoch,
+					st.queued, st.wantSeq, st.wantEpoch)
+			}
+		}
+	}
+	// The first frame of a socket below the resume point it asked for is a reset.
+	run([]step{{499, true, 499, 1}})
+	tr.first = false
+	run([]step{
+		{500, true, 500, 1},
+		{500, false, 0, 0},    // duplicate
+		{504, true, 504, 1},   // a gap of 3
+		{999999, false, 0, 0}, // a bogus jump: bad, not checkpointed
+		{505, true, 505, 1},
+		{450, false, 0, 0}, // 55 below: a replay, not a reset
+		{3, true, 3, 2},    // far below: a reset
+		{4, true, 4, 2},
+	})
+	m := cfg.Metrics
+	if m.SeqGaps.Load() != 1 || m.SeqGapMissing.Load() != 3 || m.BogusJumps.Load() != 1 || m.BadMessages.Load() != 1 ||
+		m.SeqResets.Load() != 2 || m.Duplicates.Load() != 2 {
+		t.Fatalf("gaps %d missing %d jumps %d bad %d resets %d dups %d", m.SeqGaps.Load(), m.SeqGapMissing.Load(),
+			m.BogusJumps.Load(), m.BadMessages.Load(), m.SeqResets.Load(), m.Duplicates.Load())
+	}
+}
+
+// Rotation at max_lifetime and on an announced shutdown is make-before-break: the
+// new socket is open before the old one closes, and the sink sees no gap and no
+// duplicate across rotations; the upstream never had to cut a socket itself.
+func TestRotation(t *testing.T) {
+	for name, tc := range map[string]struct {
+		rules demoupstream.Rules
+		spec  schema.Spec
+		seq   string
+	}{
+		"max_lifetime": {demoupstream.Rules{MaxLifetime: 2 * time.Second}, schema.Spec{MaxLifetime: 1500 * time.Millisecond}, "seq"},
+		"max_lifetime counted": {demoupstream.Rules{MaxLifetime: 2 * time.Second},
+			schema.Spec{MaxLifetime: 1500 * time.Millisecond}, ""},
+		"announced": {demoupstream.Rules{MaxLifetime: 800 * time.Millisecond, Announce: `{"type":"goAway"}`, AnnounceBefore: 400 * time.Millisecond},
+			schema.Spec{ShutdownMatch: `"goAway"`}, "seq"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			up := upstream(t, demoupstream.Config{Rate: 400, Rules: tc.rules})
+			snk := &memSink{}
+			cfg := testConfig(t, snk, tc.seq)
+			s := specStream(t, cfg, up.URL("rot"), "rot", 0, tc.spec)
+			stop := run(s)
+			waitFor(t, 10*time.Second, "3 rotations", func() bool { return cfg.Metrics.Rotations.Load() >= 3 })
+			stop(ErrGraceful)
+			msgs := snk.all()
+			noDuplicates(t, msgs)
+			contiguous(t, snk.seqs(), 1)
+			if n := len(msgs); n < 400 {
+				t.Fatalf("only %d messages", n)
+			}
+			st := up.Stats("rot")
+			if st.MaxClients > 2 {
+				t.Fatalf("%d sockets at once", st.MaxClients)
+			}
+			if cfg.Metrics.OverlapPeak.Load() != 1 {
+				t.Fatalf("overlap peak %d: want the new socket open before the old one closes, one at a time", cfg.Metrics.OverlapPeak.Load())
+			}
+			if cfg.Metrics.Reconnects.Load() != 0 {
+				t.Fatalf("%d reconnects: the upstream closed a socket before its rotation", cfg.Metrics.Reconnects.Load())
+			}
+			if cfg.Metrics.Overlap.Load() != 0 {
+				t.Fatalf("overlap gauge %d after stop", cfg.Metrics.Overlap.Load())
+			}
+		})
+	}
 }
