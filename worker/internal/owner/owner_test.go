@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -269,6 +270,10 @@ func TestRenewOutcomes(t *testing.T) {
 		{name: "lost", err: fmt.Errorf("renew: %w", lease.ErrLost)},
 		{name: "deleted", err: fmt.Errorf("renew: %w", lease.ErrNotFound)},
 		{name: "new url", item: codec.Connection{DesiredState: schema.Started, WSURL: "ws://other/y"}, stillRuns: true, newURL: "ws://other/y"},
+		{name: "bad spec", item: codec.Connection{DesiredState: schema.Started, WSURL: url0,
+			SpecErr: fmt.Errorf("%w keepalive: interval 0s", schema.ErrInvalid)}, released: true, status: "invalid"},
+		{name: "spec changed", item: codec.Connection{DesiredState: schema.Started, WSURL: url0,
+			Spec: schema.Spec{Start: schema.StartEarliest}}, released: true, status: "restarting"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -437,4 +442,37 @@ func TestStillOursAfterGracefulCancel(t *testing.T) {
 		}
 		cancel(nil)
 	}
+}
+
+// haltStream stops by itself, as a stream does on a sequence reset under
+// seq_reset=halt.
+type haltStream struct{ fakeStream }
+
+func (s *haltStream) Run(context.Context) {}
+func (s *haltStream) Epoch() int64        { return 3 }
+func (s *haltStream) Halted() error       { return errors.New("sequence reset: seq 1 after 900") }
+
+// A stream that halted itself is released with status seq_reset, its reason and
+// its checkpoint (epoch included); it is not taken for a fence.
+func TestHaltedStreamReleasesWithSeqReset(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, 5)
+		r.m.cfg.NewStream = func(l lease.Lease, _ func() bool) Stream {
+			s := &haltStream{}
+			s.url.Store(&l.WSURL)
+			s.seq.Store(900)
+			return s
+		}
+		stop := r.start(t)
+		defer stop()
+		r.wake(t, wakeup.Conn{ID: "h", Reason: wakeup.NeedsOwner})
+		synctest.Wait()
+		p, ok := r.store.released("h")
+		if !ok || p.Status != schema.StatusSeqReset || !strings.Contains(p.Error, "sequence reset") || p.LastSeq != 900 || p.Epoch != 3 {
+			t.Fatalf("release %+v %v; want seq_reset at 900, epoch 3", p, ok)
+		}
+		if n := r.m.cfg.Metrics.SelfFences.Load(); n != 0 {
+			t.Fatalf("%d self-fences", n)
+		}
+	})
 }

@@ -579,3 +579,27 @@ func TestRotation(t *testing.T) {
 		})
 	}
 }
+
+// Streams to one host share its connect quota; one that waits shows quota_wait in
+// its status and in the metrics, then streams.
+func TestConnectQuotaShowsInStatus(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 100})
+	cfg := testConfig(t, &memSink{}, "seq")
+	cfg.Quota = &Quota{N: 1, W: 700 * time.Millisecond}
+	a := New(cfg, "a", up.URL("a"), 0)
+	stopA := run(a)
+	defer stopA(ErrGraceful)
+	waitFor(t, 5*time.Second, "a connected", func() bool { return up.Stats("a").Clients == 1 })
+	b := New(cfg, "b", up.URL("b"), 0)
+	stopB := run(b)
+	defer stopB(ErrGraceful)
+	waitFor(t, 5*time.Second, "b waiting", func() bool { return b.Status().State == schema.StatusQuotaWait })
+	if st := b.Status(); !strings.Contains(st.Error, "1 per 700ms") || cfg.Metrics.QuotaWaiting.Load() != 1 {
+		t.Fatalf("status %+v, waiting %d", st, cfg.Metrics.QuotaWaiting.Load())
+	}
+	waitFor(t, 5*time.Second, "b connected", func() bool { return up.Stats("b").Clients == 1 })
+	waitFor(t, 5*time.Second, "b streaming", func() bool { return b.Status().State == "streaming" })
+	if cfg.Metrics.QuotaWaits.Load() != 1 || cfg.Metrics.QuotaWaiting.Load() != 0 {
+		t.Fatalf("waits %d, waiting %d", cfg.Metrics.QuotaWaits.Load(), cfg.Metrics.QuotaWaiting.Load())
+	}
+}
