@@ -26,7 +26,7 @@ import (
 const usage = `usage: sockfleet [--table NAME] COMMAND
 
 connections:
-  conn add ID URL [--stopped]   create a connection (STARTED unless --stopped)
+  conn add ID URL [flags]       create a connection (STARTED unless --stopped; flags below)
   conn start ID                 set desired_state = STARTED
   conn stop ID                  set desired_state = STOPPED
   conn url ID URL               change ws_url (the owner reconnects)
@@ -43,6 +43,7 @@ messages:
                                 file:PATH; -f follows; --latest starts at the newest
                                 Kinesis record instead of the oldest
 
+` + specUsage + `
 The table is --table, else $SOCKFLEET_TABLE, else "sockfleet". AWS access uses the
 standard settings: AWS_PROFILE, AWS_REGION, AWS_ENDPOINT_URL_DYNAMODB,
 AWS_ENDPOINT_URL_KINESIS, ...
@@ -101,19 +102,11 @@ func (c *cli) dispatch(ctx context.Context, args []string) error {
 		rest := args[2:]
 		switch args[1] {
 		case "add":
-			stopped := false
-			var pos []string
-			for _, a := range rest {
-				if a == "--stopped" {
-					stopped = true
-				} else {
-					pos = append(pos, a)
-				}
+			id, url, stopped, spec, err := addArgs(rest)
+			if err != nil {
+				return err
 			}
-			if len(pos) != 2 {
-				return fmt.Errorf("%w: conn add ID URL [--stopped]", errUsage)
-			}
-			return c.add(ctx, pos[0], pos[1], stopped)
+			return c.add(ctx, id, url, stopped, spec)
 		case "start", "stop":
 			if len(rest) != 1 {
 				return fmt.Errorf("%w: conn %s ID", errUsage, args[1])

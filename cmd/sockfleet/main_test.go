@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
 	"github.com/sockfleet/sockfleet/shared/registry"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
@@ -119,4 +121,82 @@ func TestUnreachableEndpointAndMissingTable(t *testing.T) {
 
 func putInput(table string, it codec.Item) *dynamodb.PutItemInput {
 	return &dynamodb.PutItemInput{TableName: &table, Item: it}
+}
+
+// conn add writes the spec the flags and the spec file describe, exactly as the
+// worker's codec reads it, and never prints a header value.
+func TestConnAddSpec(t *testing.T) {
+	e, cmd := setup(t)
+	file := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(file, []byte(`{"subprotocols":["v1"],"keepalive":{"message":"{\"type\":\"KeepAlive\"}","interval":"8s"},
+		"open_messages":[{"binary":"AQID"}],"start":"earliest"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("conn", "add", "s1", "wss://up.example/feed", "--spec", file,
+		"--header", "Authorization=Bearer {{secret:feeds/token}}", "--header", "X-Literal=lit-value-7",
+		"--subprotocol", "v2", "--open-message", `{"type":"subscribe","after":{seq}}`, "--open-expect-field", "type=subscribed",
+		"--open-timeout", "5s", "--max-lifetime", "23h", "--idle-timeout", "5m", "--idle-reconnect", "--seq-reset", "halt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "lit-value-7") || strings.Contains(out, "{{secret") || !strings.Contains(out, "headers Authorization,X-Literal") {
+		t.Fatalf("output %q", out)
+	}
+	res, err := e.DB.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: &e.Table,
+		Key: codec.Item{schema.AttrPK: codec.S(schema.ConnKey("s1"))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := codec.DecodeConnection(res.Item)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := c.Spec
+	if sp.Headers["Authorization"] != "Bearer {{secret:feeds/token}}" || len(sp.Subprotocols) != 1 || sp.Subprotocols[0] != "v2" ||
+		len(sp.OpenMessages) != 1 || sp.OpenMessages[0].ExpectField != "type=subscribed" || sp.OpenMessages[0].Timeout != 5*time.Second ||
+		sp.Keepalive == nil || sp.Keepalive.Interval != 8*time.Second || sp.MaxLifetime != 23*time.Hour || sp.Start != "earliest" ||
+		!sp.IdleReconnect || sp.SeqReset != "halt" {
+		t.Fatalf("stored spec %+v", sp)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--header", "NoEquals"}, "--header wants NAME=VALUE"},
+		{[]string{"--open-expect", "x"}, "must follow an --open-message"},
+		{[]string{"--max-lifetime", "soon"}, `--max-lifetime "soon"`},
+		{[]string{"--max-lifetime", "10ms"}, "max_lifetime: 10ms: at least 1s"},
+		{[]string{"--keepalive", "ping"}, "keepalive: interval 0s"},
+		{[]string{"--header", "Sec-WebSocket-Protocol=v2"}, "set by the WebSocket handshake"},
+		{[]string{"--start", "newest"}, `start: "newest"`},
+		{[]string{"--frobnicate", "1"}, "unknown flag --frobnicate"},
+		{[]string{"--spec", file + ".missing"}, "--spec"},
+		{[]string{"--seq-reset"}, "--seq-reset needs a value"},
+	} {
+		args := append([]string{"conn", "add", "bad", "ws://h/x"}, tc.args...)
+		if _, err := cmd(args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error with %q", tc.args, err, tc.want)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad.json")
+	for doc, want := range map[string]string{
+		`{"headers":{"A":1}}`:                 "headers.A: type N, want S",
+		`{"open_messages":[{"binary":"%%"}]}`: "not base64",
+		`{"colour":"red"}`:                    `unknown field "colour"`,
+		`[1]`:                                 "not a JSON object",
+	} {
+		if err := os.WriteFile(bad, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cmd("conn", "add", "bad", "ws://h/x", "--spec", bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("spec %s: %v, want %q", doc, err, want)
+		}
+	}
+	// Nothing was written for any refused add.
+	res, err = e.DB.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: &e.Table,
+		Key: codec.Item{schema.AttrPK: codec.S(schema.ConnKey("bad"))}})
+	if err != nil || res.Item != nil {
+		t.Fatalf("a refused add wrote %v (%v)", res.Item, err)
+	}
 }

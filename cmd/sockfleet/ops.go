@@ -37,7 +37,7 @@ type cli struct {
 
 // add is the console's "Create item" with Pk, desired_state and ws_url; it refuses
 // to overwrite an existing connection.
-func (c *cli) add(ctx context.Context, id, url string, stopped bool) error {
+func (c *cli) add(ctx context.Context, id, url string, stopped bool, spec schema.Spec) error {
 	if err := schema.ValidateID(id); err != nil {
 		return err
 	}
@@ -52,7 +52,7 @@ func (c *cli) add(ctx context.Context, id, url string, stopped bool) error {
 	defer cancel()
 	_, err := c.db.PutItem(ctx, &dynamodb.PutItemInput{
 		TableName:                &c.table,
-		Item:                     codec.EncodeConnection(codec.Connection{ID: id, DesiredState: state, WSURL: url}),
+		Item:                     codec.EncodeConnection(codec.Connection{ID: id, DesiredState: state, WSURL: url, Spec: spec}),
 		ConditionExpression:      aws.String("attribute_not_exists(#pk)"),
 		ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK},
 	})
@@ -62,7 +62,7 @@ func (c *cli) add(ctx context.Context, id, url string, stopped bool) error {
 	if err != nil {
 		return explain(err, c.table)
 	}
-	fmt.Fprintf(c.out, "added %s (%s) -> %s\n", id, state, url)
+	fmt.Fprintf(c.out, "added %s (%s) -> %s%s\n", id, state, url, describeSpec(spec))
 	return nil
 }
 

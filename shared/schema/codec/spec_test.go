@@ -202,6 +202,14 @@ func FuzzDecodeSpec(f *testing.F) {
 	f.Add(`{"open_messages":[{"text":"x","expect_field":"a.b=c"}],"resume":"query:from={seq}","seq_path":"seq","bad_messages":"pass"}`)
 	f.Add(`{"headers":{"X":"{{secret:a#b}}{{secret:"},"open_messages":[[]],"keepalive":[]}`)
 	f.Fuzz(func(t *testing.T, doc string) {
+		// The CLI's --spec reader: never panics, errors wrap ErrInvalid, accepted specs validate.
+		if sp, err := SpecFromJSON([]byte(doc)); err != nil {
+			if !errors.Is(err, schema.ErrInvalid) {
+				t.Fatalf("SpecFromJSON error does not wrap ErrInvalid: %v", err)
+			}
+		} else if err := sp.Validate(); err != nil {
+			t.Fatalf("SpecFromJSON accepted a spec that does not validate: %v", err)
+		}
 		dec := json.NewDecoder(strings.NewReader(doc))
 		dec.UseNumber()
 		var attrs map[string]any
