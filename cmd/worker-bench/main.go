@@ -61,6 +61,7 @@ func main() {
 	flag.IntVar(&kin.latConns, "kinesis-latency-conns", 100, "connections of the Kinesis latency and stall runs")
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
+	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
 		fmt.Fprintln(os.Stderr, "worker-bench:", err)
@@ -75,6 +76,21 @@ var kin struct {
 	latConns int
 	latRate  float64
 	stall    time.Duration
+}
+
+// withSpec: the memory measurement's connections carry benchSpec.
+var withSpec bool
+
+// benchSpec is the issue's "spec of 3 headers, 2 open messages and a keepalive",
+// with one header from a secret served by the local secrets file.
+var benchSpec = schema.Spec{
+	Headers: map[string]string{"Authorization": "Bearer {{secret:bench/token}}", "X-Client": "sockfleet-bench",
+		"X-Request-Source": "worker-bench/{conn}"},
+	OpenMessages: []schema.OpenMessage{
+		{Text: `{"type":"subscribe","channel":"{conn}","after":{seq}}`},
+		{Text: `{"type":"options","compression":"none"}`},
+	},
+	Keepalive: &schema.Keepalive{Message: `{"type":"KeepAlive"}`, Interval: 30 * time.Second},
 }
 
 func parseInts(s string) []int {
@@ -107,6 +123,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{dir: dir, worker: filepath.Join(dir, "worker"), up: filepath.Join(dir, "demo-upstream")}
+	if err := os.WriteFile(filepath.Join(dir, "secrets.json"), []byte(`{"bench/token":"bench-token-value"}`), 0o600); err != nil {
+		return err
+	}
 	for bin, pkg := range map[string]string{b.worker: "./worker", b.up: "./cmd/demo-upstream"} {
 		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
@@ -121,9 +140,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
 
 	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
-	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s\n\n",
+	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
 		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"),
-		timings.lease, timings.renew, timings.deadline)
+		timings.lease, timings.renew, timings.deadline, withSpec)
 
 	if len(idle) > 0 {
 		fmt.Println("| idle connections | worker RSS, none | worker RSS, all streaming | per connection | acquire + connect time |")
@@ -214,6 +233,7 @@ func (b *bench) startWorkerEnv(table string, max int, sink string, extra []strin
 		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=error",
 		schema.EnvLease+"="+timings.lease.String(), schema.EnvRenewInterval+"="+timings.renew.String(),
 		schema.EnvRenewDeadline+"="+timings.deadline.String(),
+		schema.EnvSecretsFile+"="+filepath.Join(b.dir, "secrets.json"),
 	)
 	cmd.Env = append(cmd.Env, extra...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
@@ -267,8 +287,11 @@ func (b *bench) newTable(n int, upAddr string) (string, error) {
 		var reqs []types.WriteRequest
 		for j := i; j < min(n, i+25); j++ {
 			id := fmt.Sprintf("c%05d", j)
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: codec.EncodeConnection(codec.Connection{
-				ID: id, DesiredState: schema.Started, WSURL: "ws://" + upAddr + "/streams/" + id})}})
+			c := codec.Connection{ID: id, DesiredState: schema.Started, WSURL: "ws://" + upAddr + "/streams/" + id}
+			if withSpec {
+				c.Spec = benchSpec
+			}
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: codec.EncodeConnection(c)}})
 		}
 		sem <- struct{}{}
 		wg.Go(func() {

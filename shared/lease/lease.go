@@ -181,6 +181,10 @@ type Lease struct {
 type Progress struct {
 	LastSeq int64
 	Epoch   int64 // sequence epoch of LastSeq; written when not 0 (it only grows)
+	// Stop (release only) also sets desired_state = STOPPED: the stream halted for the
+	// operator (a sequence reset under seq_reset=halt), and no other worker must
+	// take it up until the operator starts it again.
+	Stop bool
 	Status  string
 	Error   string
 }
@@ -439,6 +443,10 @@ func (s *Store) releaseAt(ctx context.Context, l Lease, p Progress, exp int64) e
 	if p.Status == "" {
 		p.Status = "released"
 	}
+	if p.Stop {
+		set += ", #d = :stopped"
+		vals[":stopped"] = codec.S(string(schema.Stopped))
+	}
 	set, vals = withStatus(set, vals, p, now)
 	_, err := s.ownerWrite(ctx, "release", l, set+" REMOVE #o", vals, func(c codec.Connection) bool {
 		return c.LeaseOwner == "" && c.LeaseVersion == l.Version && c.LeaseExpiresAtMs == exp && c.LastSeq == p.LastSeq
@@ -483,6 +491,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 	}
 	if !strings.Contains(update, "#e") {
 		delete(in.ExpressionAttributeNames, "#e") // a checkpoint leaves the expiry alone
+	}
+	if _, ok := vals[":stopped"]; ok {
+		in.ExpressionAttributeNames["#d"] = schema.AttrDesiredState
 	}
 	if _, ok := vals[":qe"]; ok {
 		in.ExpressionAttributeNames["#qe"] = schema.AttrEpoch

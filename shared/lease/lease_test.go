@@ -692,12 +692,17 @@ func TestEpochIsCheckpointed(t *testing.T) {
 	if c, err := s.Renew(f.ctx, l, lease.Progress{LastSeq: 3, Epoch: 1}); err != nil || c.Epoch != 1 || c.LastSeq != 3 {
 		t.Fatalf("renew: %+v, %v", c, err)
 	}
-	if err := s.Release(f.ctx, l, lease.Progress{LastSeq: 9, Epoch: 2, Status: "seq_reset", Error: "sequence reset"}); err != nil {
+	if err := s.Release(f.ctx, l, lease.Progress{LastSeq: 9, Epoch: 2, Status: "seq_reset", Error: "sequence reset", Stop: true}); err != nil {
 		t.Fatal(err)
 	}
-	if c := f.get("ep"); c.Epoch != 2 || c.LastSeq != 9 || c.Status != "seq_reset" {
+	// A halted stream's release stops the item: nobody takes it up until the operator does.
+	if c := f.get("ep"); c.Epoch != 2 || c.LastSeq != 9 || c.Status != "seq_reset" || c.DesiredState != schema.Stopped {
 		t.Fatalf("released item %+v", c)
 	}
+	if _, err := s.Acquire(f.ctx, "ep", "w2"); err == nil {
+		t.Fatal("a halted item was acquired")
+	}
+	f.put(codec.Connection{ID: "ep", DesiredState: schema.Started, WSURL: "wss://up.example/streams/ep", LastSeq: 9, Epoch: 2})
 	l, err = s.Acquire(f.ctx, "ep", "w2")
 	if err != nil || l.Epoch != 2 || l.LastSeq != 9 {
 		t.Fatalf("acquire: %+v, %v", l, err)

@@ -544,7 +544,7 @@ func (m *Manager) session(o *owned) {
 	p := progress(o) // draining: the store's default "released"
 	switch {
 	case errors.Is(cause, errHalted):
-		p.Status, p.Error = schema.StatusSeqReset, cause.Error()
+		p.Status, p.Error, p.Stop = schema.StatusSeqReset, cause.Error(), true
 	case cause == errSpecChanged:
 		p.Status = "restarting"
 	case errors.Is(cause, errStopped):

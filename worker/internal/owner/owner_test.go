@@ -468,7 +468,7 @@ func TestHaltedStreamReleasesWithSeqReset(t *testing.T) {
 		r.wake(t, wakeup.Conn{ID: "h", Reason: wakeup.NeedsOwner})
 		synctest.Wait()
 		p, ok := r.store.released("h")
-		if !ok || p.Status != schema.StatusSeqReset || !strings.Contains(p.Error, "sequence reset") || p.LastSeq != 900 || p.Epoch != 3 {
+		if !ok || p.Status != schema.StatusSeqReset || !strings.Contains(p.Error, "sequence reset") || p.LastSeq != 900 || p.Epoch != 3 || !p.Stop {
 			t.Fatalf("release %+v %v; want seq_reset at 900, epoch 3", p, ok)
 		}
 		if n := r.m.cfg.Metrics.SelfFences.Load(); n != 0 {
