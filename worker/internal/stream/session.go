@@ -254,7 +254,8 @@ func (s *Stream) dial(ctx context.Context, from int64, resumed bool) (*websocket
 			hdr.Set(k, val)
 		}
 	}
-	if err := s.waitQuota(ctx, target); err != nil {
+	admitted, err := s.waitQuota(ctx, target)
+	if err != nil {
 		return nil, err
 	}
 	d := *s.cfg.Dialer
@@ -262,6 +263,7 @@ func (s *Stream) dial(ctx context.Context, from int64, resumed bool) (*websocket
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	conn, resp, err := d.DialContext(dctx, target, hdr)
 	cancel()
+	admitted()
 	if err == nil {
 		return conn, nil
 	}
@@ -304,34 +306,27 @@ func (s *Stream) forgetSecrets() bool {
 	return any
 }
 
-func (s *Stream) waitQuota(ctx context.Context, target string) error {
+// waitQuota waits for the host's connect quota and returns the function to call
+// when the dial ends.
+func (s *Stream) waitQuota(ctx context.Context, target string) (func(), error) {
 	if s.cfg.Quota == nil {
-		return nil
+		return func() {}, nil
 	}
 	host := target
 	if u, err := url.Parse(target); err == nil {
-		host = u.Hostname()
-	}
-	if ip := net.ParseIP(host); ip == nil {
-		host = strings.ToLower(host)
+		host = strings.ToLower(u.Hostname())
 	}
 	prev := s.Status()
 	s.cfg.Metrics.QuotaWaiting.Add(1)
-	waited := false
-	defer func() {
-		s.cfg.Metrics.QuotaWaiting.Add(-1)
-		if waited {
-			s.cfg.Metrics.QuotaWaits.Add(1)
-			s.status.Store(&prev)
-		}
-	}()
-	if d := s.cfg.Quota.reserve(host, time.Now()); d == 0 {
-		return nil
+	defer s.cfg.Metrics.QuotaWaiting.Add(-1)
+	if slot, d := s.cfg.Quota.reserve(host, time.Now()); d == 0 {
+		return func() { s.cfg.Quota.release(host, slot, time.Now()) }, nil
 	}
-	waited = true
+	s.cfg.Metrics.QuotaWaits.Add(1)
 	s.setStatus(schema.StatusQuotaWait, fmt.Errorf("waiting for the connect quota of %s (%d per %s)", host, s.cfg.Quota.N, s.cfg.Quota.W))
-	_, err := s.cfg.Quota.Wait(ctx, host)
-	return err
+	done, _, err := s.cfg.Quota.Wait(ctx, host)
+	s.status.Store(&prev)
+	return done, err
 }
 
 // expand fills a template: {seq} (the resume point), {next} ({seq}+1), {conn} (the
