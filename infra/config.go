@@ -23,6 +23,7 @@ const (
 	ctxVpcID          = "vpcId"
 	ctxRetention      = "retention"
 	ctxKinesisStream  = "kinesisStream"
+	ctxSecretsPrefix  = "connectionSecretsPrefix"
 )
 
 // KinesisCreate as the kinesisStream knob creates a stream in the stack.
@@ -47,6 +48,9 @@ type Config struct {
 	// KinesisStream is where workers deliver: "" their stdout (CloudWatch Logs),
 	// KinesisCreate a new on-demand stream in the stack, or an existing stream's ARN.
 	KinesisStream string
+	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
+	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
+	SecretsPrefix string
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -63,6 +67,7 @@ func DefaultConfig() Config {
 		LeaseSeconds:          11,
 		RenewSeconds:          3,
 		RetentionDays:         30,
+		SecretsPrefix:         "sockfleet/connections/",
 	}
 }
 
@@ -84,6 +89,7 @@ var (
 	vpcIDPattern      = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	kinesisARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:[0-9]{12}:stream/[a-zA-Z0-9_.-]{1,128}$`)
 )
+var secretsPrefixPattern = regexp.MustCompile(`^[A-Za-z0-9/_+=.@-]{0,256}$`)
 
 // Validate checks every knob and the timing rule lease > renew deadline ≥ 2 × renew
 // interval, and reports all problems at once.
@@ -116,6 +122,9 @@ func (c Config) Validate() error {
 	if c.KinesisStream != "" && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
 		bad(ctxKinesisStream, "%q: want empty (stdout), %q (a new stream) or a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)",
 			c.KinesisStream, KinesisCreate)
+	}
+	if !secretsPrefixPattern.MatchString(c.SecretsPrefix) {
+		bad(ctxSecretsPrefix, "%q: want up to 256 of the characters a secret name may hold (A-Z a-z 0-9 / _ + = . @ -)", c.SecretsPrefix)
 	}
 	if !validRetention(c.RetentionDays) {
 		bad(ctxRetention, "%d days; CloudWatch Logs accepts one of %v", c.RetentionDays, retentionChoices())
@@ -184,6 +193,13 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 			errs = append(errs, fmt.Errorf("context %s: %v is not a string", f.key, v))
 		}
 		*f.dst = strings.TrimSpace(s)
+	}
+	if v := get(ctxSecretsPrefix); v != nil {
+		s, ok := v.(string)
+		if !ok {
+			errs = append(errs, fmt.Errorf("context %s: %v is not a string", ctxSecretsPrefix, v))
+		}
+		c.SecretsPrefix = strings.TrimSpace(s)
 	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)

@@ -392,6 +392,17 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 	// write; Query on the lease_owner index finds what the worker still holds.
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
+	// Connection specs' {{secret:NAME}} references: read, and only under the prefix
+	// the operator chose (docs/CONNECTIONS.md).
+	if cfg.SecretsPrefix != "" {
+		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions: jsii.Strings("secretsmanager:GetSecretValue"),
+			Resources: jsii.Strings(*stack.FormatArn(&awscdk.ArnComponents{
+				Service: jsii.String("secretsmanager"), Resource: jsii.String("secret"),
+				ResourceName: jsii.String(cfg.SecretsPrefix + "*"), ArnFormat: awscdk.ArnFormat_COLON_RESOURCE_NAME,
+			})),
+		}))
+	}
 
 	env := map[string]*string{
 		schema.EnvTable:          p.table.TableName(),

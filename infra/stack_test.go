@@ -532,6 +532,7 @@ func TestIAMLeastPrivilege(t *testing.T) {
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
 		"dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
+		"secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords", "dynamodb:GetShardIterator",
@@ -559,6 +560,11 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
 			case slices.Contains(s.actions, "dynamodb:GetRecords"):
 				wantSame(t, role+" stream resources", s.resource, getAtt(x.table, "StreamArn"))
+			case slices.Contains(s.actions, "secretsmanager:GetSecretValue") && role == x.taskRole:
+				// Connection secrets: only those under the prefix knob.
+				if b, _ := json.Marshal(s.resource); !strings.Contains(string(b), ":secret:sockfleet/connections/*") {
+					t.Errorf("worker secret resource %s, want secrets under sockfleet/connections/", b)
+				}
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue"):
 				wantSame(t, role+" secret resource", s.resource, ref(x.secret))
 			case slices.Contains(s.actions, "sns:Publish"):
