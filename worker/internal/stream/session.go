@@ -178,7 +178,10 @@ func (s *Stream) session(ctx context.Context) error {
 		next := make(chan *socket, 1)
 		rctx, rcancel := context.WithCancel(ctx)
 		var rwg sync.WaitGroup
-		rwg.Go(func() { s.rotator(rctx, sock, rotate, next) })
+		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" {
+			// Only then: an idle socket without rotation costs no third goroutine.
+			rwg.Go(func() { s.rotator(rctx, sock, rotate, next) })
+		}
 		err = s.deliver(ctx, msgs, sock.readErr)
 		rcancel()
 		rwg.Wait()
