@@ -184,9 +184,9 @@ type Progress struct {
 	// Stop (release only) also sets desired_state = STOPPED: the stream halted for the
 	// operator (a sequence reset under seq_reset=halt), and no other worker must
 	// take it up until the operator starts it again.
-	Stop bool
-	Status  string
-	Error   string
+	Stop   bool
+	Status string
+	Error  string
 }
 
 // Acquire takes connection id for worker and returns the lease with the item's

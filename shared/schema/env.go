@@ -75,6 +75,7 @@ var WorkerEnvVars = []string{
 	EnvSink, EnvSinkTimeout, EnvResume, EnvSeqPath, EnvBadMessages, EnvLogLevel,
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
 	EnvCheckpointInterval, EnvBackstopInterval,
+	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL,
 }
 
 // WorkerContainer is the name of the worker's container in the ECS task definition.

@@ -53,9 +53,10 @@ func (c Connection) Expired(nowMs, marginMs int64) bool {
 }
 
 // Unrunnable says what an operator made unusable in a connection that is not STOPPED:
-// an unknown desired_state (a lowercase "started") or an unusable ws_url, naming the
-// field and the value. It is nil for a STOPPED item (nothing runs it) and for an item
-// whose only bad fields are ones the lease store repairs (lease_version, last_seq).
+// an unknown desired_state (a lowercase "started"), an unusable ws_url, or an
+// unusable per-connection spec, naming the field and why. It is nil for a STOPPED item
+// (nothing runs it) and for an item whose only bad fields are ones the lease store
+// repairs (lease_version, last_seq).
 func (c Connection) Unrunnable() error {
 	if c.DesiredState == schema.Stopped {
 		return nil
@@ -63,7 +64,10 @@ func (c Connection) Unrunnable() error {
 	if _, err := schema.ParseState(string(c.DesiredState)); err != nil {
 		return err
 	}
-	return schema.ValidateURL(c.WSURL)
+	if err := schema.ValidateURL(c.WSURL); err != nil {
+		return err
+	}
+	return c.SpecErr
 }
 
 // Worker is a worker registry item.

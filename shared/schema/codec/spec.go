@@ -18,7 +18,7 @@ func DecodeSpec(it Item) (schema.Spec, error) {
 	if v, ok := present(it, schema.AttrHeaders); ok {
 		m, isMap := v.(*types.AttributeValueMemberM)
 		if !isMap {
-			return s, typeErr(schema.AttrHeaders, "M", v)
+			return s, secretTypeErr(schema.AttrHeaders, "M", v)
 		}
 		if len(m.Value) > schema.MaxHeaders {
 			return s, fmt.Errorf("%w %s: %d headers, limit %d", schema.ErrInvalid, schema.AttrHeaders, len(m.Value), schema.MaxHeaders)
@@ -26,7 +26,7 @@ func DecodeSpec(it Item) (schema.Spec, error) {
 		for _, k := range slices.Sorted(maps.Keys(m.Value)) {
 			sv, isS := m.Value[k].(*types.AttributeValueMemberS)
 			if !isS {
-				return s, typeErr(schema.AttrHeaders+"."+k, "S", m.Value[k])
+				return s, secretTypeErr(schema.AttrHeaders+"."+k, "S", m.Value[k])
 			}
 			if s.Headers == nil {
 				s.Headers = make(map[string]string, len(m.Value))
@@ -170,6 +170,11 @@ func EncodeSpec(it Item, s schema.Spec) {
 	}
 	putS(it, schema.AttrSeqReset, s.SeqReset)
 	putN(it, schema.AttrMaxSeqJump, s.MaxSeqJump)
+}
+
+// secretTypeErr is typeErr without the value: a header may hold a credential.
+func secretTypeErr(name, want string, v types.AttributeValue) error {
+	return fmt.Errorf("%w %s: type %s, want %s", schema.ErrInvalid, name, typeName(v), want)
 }
 
 func putD(it Item, name string, d time.Duration) {

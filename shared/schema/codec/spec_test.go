@@ -84,8 +84,8 @@ func TestDecodeSpecRejectsBadSpecs(t *testing.T) {
 		val  types.AttributeValue
 		want string
 	}{
-		{"headers not a map", schema.AttrHeaders, S("Authorization: x"), "headers: type S, want M"},
-		{"header value not a string", schema.AttrHeaders, m("Authorization", N(1)), "headers.Authorization: type N, want S"},
+		{"headers not a map", schema.AttrHeaders, S("Authorization: sekrit-1"), "headers: type S, want M"},
+		{"header value not a string", schema.AttrHeaders, m("Authorization", &types.AttributeValueMemberSS{Value: []string{"sekrit-1"}}), "headers.Authorization: type SS, want S"},
 		{"header bad name", schema.AttrHeaders, m("Bad Name", S("sekrit-1")), `headers: name "Bad Name"`},
 		{"header handshake", schema.AttrHeaders, m("Sec-WebSocket-Protocol", S("sekrit-1")), "set by the WebSocket handshake"},
 		{"header newline", schema.AttrHeaders, m("X-A", S("sekrit-1\r\nX-B: y")), "X-A: value holds a line break"},
@@ -146,8 +146,10 @@ func TestDecodeSpecRejectsBadSpecs(t *testing.T) {
 			if c.ID != "c1" {
 				t.Fatalf("the id is lost: %+v", c)
 			}
-			if tc.attr != schema.AttrEpoch && c.SpecErr == nil {
-				t.Fatal("SpecErr not set")
+			if tc.attr != schema.AttrEpoch && (c.SpecErr == nil || c.Unrunnable() == nil) {
+				// Unrunnable is what the reconciler and the sweep judge by: a bad spec must
+				// never be woken as if the lease store could repair it.
+				t.Fatalf("SpecErr %v, Unrunnable %v", c.SpecErr, c.Unrunnable())
 			}
 		})
 	}

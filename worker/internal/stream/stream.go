@@ -185,8 +185,8 @@ type Stream struct {
 	redial chan struct{} // the URL changed: drop the socket and dial the new one now
 	valid  func() bool   // nil, or false once the lease is past its fence deadline
 
-	queue  chan sink.Message // the session's queue; used by Run's goroutine only
-	queued int64             // this stream's share of Metrics.SinkQueued (Run's goroutine only)
+	queue    chan sink.Message     // the session's queue; used by Run's goroutine only
+	queued   int64                 // this stream's share of Metrics.SinkQueued (Run's goroutine only)
 	set      *settings             // the connection's effective settings (fleet defaults + spec)
 	halted   atomic.Pointer[error] // set when a seq_reset "halt" stopped the stream
 	lastData atomic.Int64          // unix ns of the last data frame read
