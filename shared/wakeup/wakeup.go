@@ -50,6 +50,10 @@ const (
 	// Check: you own it and its item changed (stopped, deleted, new URL); re-read it
 	// (the renew returns the item) and act.
 	Check Reason = "check"
+	// Handoff: you own it; hand it to worker Conn.To make-before-break (a rebalance
+	// move). The owner answers HandingOff and moves it in the background, or
+	// TargetUnavailable when To is draining, gone or itself.
+	Handoff Reason = "handoff"
 )
 
 // Result is a worker's answer for one id. The reconciler re-routes NoCapacity,
@@ -66,6 +70,9 @@ const (
 	Stale        Result = "stale"         // the wakeup's lease_version is older than the one held
 	NotStartable Result = "not_startable" // missing, STOPPED, or invalid item
 	Failed       Result = "failed"        // the table could not be reached; retry elsewhere
+	// For Handoff only.
+	HandingOff        Result = "handing_off"        // accepted: the owner hands it to To
+	TargetUnavailable Result = "target_unavailable" // To is draining, gone or the owner itself
 )
 
 // Conn is one id in a request.
@@ -73,6 +80,8 @@ type Conn struct {
 	ID           string `json:"id"`
 	LeaseVersion int64  `json:"lease_version"`
 	Reason       Reason `json:"reason"`
+	// To names the worker to hand the connection to (Handoff only).
+	To string `json:"to,omitempty"`
 }
 
 // Request is the body of a wakeup.
@@ -164,8 +173,11 @@ func DecodeRequest(body []byte) (Request, error) {
 			return Request{}, fmt.Errorf("%w: id %s twice", ErrMalformed, c.ID)
 		}
 		seen[c.ID] = true
-		if c.Reason != NeedsOwner && c.Reason != Check {
+		if c.Reason != NeedsOwner && c.Reason != Check && c.Reason != Handoff {
 			return Request{}, fmt.Errorf("%w: id %s: unknown reason %q", ErrMalformed, c.ID, c.Reason)
+		}
+		if (c.Reason == Handoff) != (c.To != "") {
+			return Request{}, fmt.Errorf("%w: id %s: a handoff, and only a handoff, names the worker it goes to", ErrMalformed, c.ID)
 		}
 		if c.LeaseVersion < 0 {
 			return Request{}, fmt.Errorf("%w: id %s: negative lease_version", ErrMalformed, c.ID)

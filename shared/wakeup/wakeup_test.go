@@ -22,7 +22,7 @@ func TestGoldenWireFormat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Request{V: 1, Conns: []Conn{{"meeting-123", 4, NeedsOwner}, {"feed-7", 9, Check}}}
+	want := Request{V: 1, Conns: []Conn{{ID: "meeting-123", LeaseVersion: 4, Reason: NeedsOwner}, {ID: "feed-7", LeaseVersion: 9, Reason: Check}}}
 	if fmt.Sprint(req) != fmt.Sprint(want) {
 		t.Fatalf("decoded %+v, want %+v", req, want)
 	}
@@ -122,6 +122,8 @@ func TestDecodeRequestRejects(t *testing.T) {
 		"version as text": `{"v":1,"conns":[{"id":"a","lease_version":"1","reason":"check"}]}`,
 		"trailing":        `{"v":1,"conns":[{"id":"a","lease_version":1,"reason":"check"}]} {}`,
 		"too many":        many,
+		"handoff, no to":  `{"v":1,"conns":[{"id":"a","lease_version":1,"reason":"handoff"}]}`,
+		"to, no handoff":  `{"v":1,"conns":[{"id":"a","lease_version":1,"reason":"check","to":"w1"}]}`,
 		"too big":         `{"v":1,"conns":[{"id":"a","lease_version":1,"reason":"check"}],"pad":"` + strings.Repeat("x", MaxBody) + `"}`,
 	}
 	for name, body := range cases {
@@ -130,6 +132,16 @@ func TestDecodeRequestRejects(t *testing.T) {
 				t.Fatalf("DecodeRequest = %v, want ErrMalformed", err)
 			}
 		})
+	}
+}
+
+func TestDecodeRequestHandoff(t *testing.T) {
+	r, err := DecodeRequest([]byte(`{"v":1,"conns":[{"id":"a","lease_version":7,"reason":"handoff","to":"w1"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := r.Conns[0]; c.Reason != Handoff || c.To != "w1" || c.LeaseVersion != 7 {
+		t.Fatalf("decoded %+v", c)
 	}
 }
 
