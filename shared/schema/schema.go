@@ -36,6 +36,11 @@ const (
 	// Written by the backstop sweep to make the stream carry an unowned item again.
 	AttrNudgedAt = "nudged_at_ms"
 
+	// Written by the old owner in the one conditional write that hands a connection to
+	// another worker (a planned move: drain, rebalance, deploy). A rebalance round does
+	// not move the connection again within its cooling period.
+	AttrMovedAt = "moved_at_ms"
+
 	// Written by the lease store when it repairs an operator's edit of a lease field
 	// or a checkpoint (what it found, what it did, when). Nothing else writes it, so a
 	// console user still sees it after later status changes.

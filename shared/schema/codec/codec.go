@@ -33,6 +33,7 @@ type Connection struct {
 	StatusError string
 	StatusAtMs  int64
 	NudgedAtMs  int64
+	MovedAtMs   int64 // last planned handoff; 0 if never
 
 	// Spec is the operator's per-connection settings (the zero Spec: fleet defaults).
 	// SpecErr is why they are unusable, if they are; it is also DecodeConnection's
@@ -111,6 +112,7 @@ func EncodeConnection(c Connection) Item {
 	putS(it, schema.AttrStatusError, c.StatusError)
 	putN(it, schema.AttrStatusAt, c.StatusAtMs)
 	putN(it, schema.AttrNudgedAt, c.NudgedAtMs)
+	putN(it, schema.AttrMovedAt, c.MovedAtMs)
 	putN(it, schema.AttrEpoch, c.Epoch)
 	EncodeSpec(it, c.Spec)
 	return it
@@ -140,6 +142,7 @@ func DecodeConnection(it Item) (Connection, error) {
 	c.StatusError = d.str(schema.AttrStatusError)
 	c.StatusAtMs = d.num(schema.AttrStatusAt)
 	c.NudgedAtMs = d.num(schema.AttrNudgedAt)
+	c.MovedAtMs, _ = num(it, schema.AttrMovedAt) // advisory (cooling only): a bad value reads as never moved
 	c.Epoch = d.num(schema.AttrEpoch)
 	state, err := str(it, schema.AttrDesiredState, true)
 	if err == nil {

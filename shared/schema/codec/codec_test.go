@@ -18,7 +18,7 @@ func goodItem() Item {
 func TestConnectionRoundTrip(t *testing.T) {
 	want := Connection{ID: "c1", DesiredState: schema.Started, WSURL: "wss://up.example/streams/c1",
 		LeaseOwner: "w1", LeaseExpiresAtMs: 1000, LeaseVersion: 3, LastSeq: 42, Status: "streaming",
-		StatusError: "x", StatusAtMs: 7, NudgedAtMs: 9}
+		StatusError: "x", StatusAtMs: 7, NudgedAtMs: 9, MovedAtMs: 11}
 	got, err := DecodeConnection(EncodeConnection(want))
 	if err != nil {
 		t.Fatal(err)
