@@ -1,6 +1,7 @@
 package kinesalite
 
 import (
+	"net"
 	"strings"
 	"testing"
 )
@@ -18,19 +19,25 @@ func TestMissingEngineNamesMakeTools(t *testing.T) {
 	}
 }
 
-// Started from the repository, it serves on loopback and stops.
+// Started from the repository, it serves on loopback and stops: Stop returns once
+// the engine has exited, so its port is closed.
 func TestStartStop(t *testing.T) {
 	p, err := Start(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(p.Endpoint, "http://127.0.0.1:") {
+	addr, ok := strings.CutPrefix(p.Endpoint, "http://")
+	if !ok || !strings.HasPrefix(addr, "127.0.0.1:") {
 		t.Errorf("endpoint %s, want loopback", p.Endpoint)
 	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("not listening after Start: %v", err)
+	}
+	c.Close()
 	p.Stop()
-	select {
-	case <-p.exited:
-	default:
-		t.Fatal("still running after Stop")
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("still listening after Stop")
 	}
 }
