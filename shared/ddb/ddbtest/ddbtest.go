@@ -12,9 +12,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/localengine/enginetest"
 )
 
 // Env is one test's view of the engine.
@@ -65,23 +63,16 @@ func (e *Env) Client(t http.RoundTripper, opts ...func(*dynamodb.Options)) *dyna
 }
 
 var (
-	once     sync.Once
-	proc     *dynoxide.Proc
-	endpoint string
-	startErr error
-	tables   atomic.Int64
+	engine = enginetest.New(func() (*dynoxide.Proc, error) { return dynoxide.Start(dynoxide.Options{}) })
+	tables atomic.Int64
 )
 
 // Main runs the tests and stops the engine afterwards.
-func Main(m *testing.M) {
-	code := m.Run()
-	Stop()
-	os.Exit(code)
-}
+func Main(m *testing.M) { engine.Main(m) }
 
 // Stop ends the engine, if it was started: for a TestMain that runs more than one
 // engine.
-func Stop() { proc.Stop() }
+func Stop() { engine.Stop() }
 
 // New starts the engine on first use and creates a fresh table for t.
 func New(t testing.TB) *Env {
@@ -95,7 +86,7 @@ func New(t testing.TB) *Env {
 	e.Streams = dynamodbstreams.NewFromConfig(e.Config(nil), func(o *dynamodbstreams.Options) {
 		o.BaseEndpoint = aws.String(ep)
 	})
-	e.Table = fmt.Sprintf("t%d_%s", tables.Add(1), sanitize(t.Name()))
+	e.Table = fmt.Sprintf("t%d_%s", tables.Add(1), enginetest.Sanitize(t.Name(), 200))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := ddb.EnsureTable(ctx, e.DB, e.Table); err != nil {
@@ -105,28 +96,4 @@ func New(t testing.TB) *Env {
 }
 
 // Endpoint starts the engine once per process and returns its URL.
-func Endpoint() (string, error) {
-	once.Do(func() {
-		proc, startErr = dynoxide.Start(dynoxide.Options{})
-		if startErr == nil {
-			endpoint = proc.Endpoint
-		}
-	})
-	return endpoint, startErr
-}
-
-func sanitize(name string) string {
-	var b strings.Builder
-	for _, r := range name {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.' {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	s := b.String()
-	if len(s) > 200 {
-		s = s[:200]
-	}
-	return s
-}
+func Endpoint() (string, error) { return engine.Endpoint() }

@@ -15,9 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,6 +25,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"github.com/sockfleet/sockfleet/shared/kinesalite"
+	"github.com/sockfleet/sockfleet/shared/localengine/enginetest"
 )
 
 // Env is one test's view of the engine.
@@ -96,34 +95,19 @@ func (a ARNToName) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 var (
-	once     sync.Once
-	proc     *kinesalite.Proc
-	endpoint string
-	startErr error
-	streams  atomic.Int64
+	engine  = enginetest.New(func() (*kinesalite.Proc, error) { return kinesalite.Start(kinesalite.Options{}) })
+	streams atomic.Int64
 )
 
 // Main runs the tests and stops the engine afterwards.
-func Main(m *testing.M) {
-	code := m.Run()
-	Stop()
-	os.Exit(code)
-}
+func Main(m *testing.M) { engine.Main(m) }
 
 // Stop ends the engine, if it was started: for a TestMain that runs more than one
 // engine.
-func Stop() { proc.Stop() }
+func Stop() { engine.Stop() }
 
 // Endpoint starts the engine once per process and returns its URL.
-func Endpoint() (string, error) {
-	once.Do(func() {
-		proc, startErr = kinesalite.Start(kinesalite.Options{})
-		if startErr == nil {
-			endpoint = proc.Endpoint
-		}
-	})
-	return endpoint, startErr
-}
+func Endpoint() (string, error) { return engine.Endpoint() }
 
 // New starts the engine on first use and creates a fresh ACTIVE stream with shards
 // shards for t.
@@ -134,7 +118,7 @@ func New(t testing.TB, shards int32) *Env {
 		t.Fatal(err)
 	}
 	e := &Env{Endpoint: ep, Kinesis: Client(ep)}
-	e.Stream = fmt.Sprintf("s%d-%s", streams.Add(1), sanitize(t.Name()))
+	e.Stream = fmt.Sprintf("s%d-%s", streams.Add(1), enginetest.Sanitize(t.Name(), 100))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := CreateStream(ctx, e.Kinesis, e.Stream, shards); err != nil {
@@ -200,20 +184,4 @@ func ReadAll(ctx context.Context, c *kinesis.Client, stream string) ([]Record, e
 		}
 	}
 	return all, nil
-}
-
-func sanitize(name string) string {
-	var b strings.Builder
-	for _, r := range name {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.' {
-			b.WriteRune(r)
-		} else {
-			b.WriteByte('_')
-		}
-	}
-	s := b.String()
-	if len(s) > 100 {
-		s = s[:100]
-	}
-	return s
 }
