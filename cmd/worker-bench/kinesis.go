@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	ktypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
@@ -87,9 +86,7 @@ func (b *bench) kinesis() (*kinesisBench, error) {
 		eng.Stop()
 		return nil, err
 	}
-	k := kinesis.NewFromConfig(aws.Config{Region: "us-east-1",
-		Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
-		func(o *kinesis.Options) { o.BaseEndpoint = aws.String(eng.Endpoint) })
+	k := kinesis.NewFromConfig(localConfig(), func(o *kinesis.Options) { o.BaseEndpoint = aws.String(eng.Endpoint) })
 	return &kinesisBench{bench: b, engine: eng, proxy: p, k: k}, nil
 }
 
@@ -121,70 +118,33 @@ func (kb *kinesisBench) kinesisEnv() []string {
 // throughput: messages per second one worker delivers to Kinesis, the upstream
 // sending as fast as the worker reads.
 func (kb *kinesisBench) throughput(n int, dur time.Duration, size int) error {
-	up, err := kb.upstream(-1, size)
-	if err != nil {
-		return err
-	}
-	defer up.stop()
-	table, err := kb.newTable(n, up.addr)
-	if err != nil {
-		return err
-	}
 	stream, err := kb.newStream(4)
 	if err != nil {
 		return err
 	}
-	w, err := kb.startWorkerEnv(table, n, "kinesis:"+stream, kb.kinesisEnv())
+	msgs, _, err := kb.deliveryRate(n, size, dur, "kinesis:"+stream, kb.kinesisEnv())
 	if err != nil {
 		return err
 	}
-	defer w.stop()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Second)
-	m0, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	t0 := time.Now()
-	time.Sleep(dur)
-	m1, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	el := time.Since(t0).Seconds()
-	fmt.Printf("| Kinesis (kinesalite, 4 shards) | %d | %d B | %.0f | %s |\n", n, size, float64(m1-m0)/el, dur)
+	fmt.Printf("| Kinesis (kinesalite, 4 shards) | %d | %d B | %.0f | %s |\n", n, size, msgs, dur)
 	return nil
 }
 
 // latency: with n connections at rate messages/s each, the time from the upstream's
 // send timestamp (ts, ms) to the record's arrival in the stream.
 func (kb *kinesisBench) latency(n int, rate float64, dur time.Duration) error {
-	up, err := kb.upstream(rate, 64)
-	if err != nil {
-		return err
-	}
-	defer up.stop()
-	table, err := kb.newTable(n, up.addr)
-	if err != nil {
-		return err
-	}
 	stream, err := kb.newStream(4)
 	if err != nil {
 		return err
 	}
-	w, err := kb.startWorkerEnv(table, n, "kinesis:"+stream, kb.kinesisEnv())
+	r, err := kb.startRig(n, rate, 64, "kinesis:"+stream, kb.kinesisEnv())
 	if err != nil {
 		return err
 	}
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
-		w.stop()
-		return err
-	}
+	defer r.up.stop()
 	start := time.Now().Add(2 * time.Second) // skip the connect burst
 	time.Sleep(2*time.Second + dur)
-	w.stop()
+	r.w.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	lat, err := kb.arrivalLatencies(ctx, stream, start)
@@ -246,35 +206,24 @@ func (kb *kinesisBench) arrivalLatencies(ctx context.Context, stream string, fro
 // for d. Renewals must go on (none missed), memory must stay flat, and delivery
 // must resume without a gap afterwards.
 func (kb *kinesisBench) stall(n int, rate float64, d time.Duration) error {
-	up, err := kb.upstream(rate, 64)
-	if err != nil {
-		return err
-	}
-	defer up.stop()
-	table, err := kb.newTable(n, up.addr)
-	if err != nil {
-		return err
-	}
 	stream, err := kb.newStream(4)
 	if err != nil {
 		return err
 	}
 	// Renew every 2 s, so a 10 s stall spans five rounds of renewals.
 	env := append(kb.kinesisEnv(), schema.EnvLease+"=20s", schema.EnvRenewInterval+"=2s", schema.EnvRenewDeadline+"=10s")
-	w, err := kb.startWorkerEnv(table, n, "kinesis:"+stream, env)
+	r, err := kb.startRig(n, rate, 64, "kinesis:"+stream, env)
 	if err != nil {
 		return err
 	}
-	defer w.stop()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
-		return err
-	}
+	defer r.stop()
+	w := r.w
 	time.Sleep(5 * time.Second)
 	rss0, _ := rssKB(w.cmd.Process.Pid)
 	fails0, _ := metric(w.addr, "sockfleet_renew_failures_total")
 	lost0, _ := metric(w.addr, "sockfleet_leases_lost_total")
 	fence0, _ := metric(w.addr, "sockfleet_self_fences_total")
-	leases0, err := kb.leaseExpiries(table)
+	leases0, err := kb.leaseExpiries(r.table)
 	if err != nil {
 		return err
 	}
@@ -292,7 +241,7 @@ func (kb *kinesisBench) stall(n int, rate float64, d time.Duration) error {
 			queueMax = max(queueMax, v)
 		}
 	}
-	leases1, err := kb.leaseExpiries(table)
+	leases1, err := kb.leaseExpiries(r.table)
 	if err != nil {
 		return err
 	}
@@ -336,36 +285,13 @@ func (kb *kinesisBench) leaseExpiries(table string) (map[string]int64, error) {
 
 // fileThroughputRow is the file sink's row of the comparison table, same run.
 func (b *bench) fileThroughputRow(n int, dur time.Duration, size int) error {
-	up, err := b.upstream(-1, size)
-	if err != nil {
-		return err
-	}
-	defer up.stop()
-	table, err := b.newTable(n, up.addr)
-	if err != nil {
-		return err
-	}
 	out := filepath.Join(b.dir, fmt.Sprintf("cmp%d.jsonl", n))
-	w, err := b.startWorker(table, n, "file:"+out)
+	defer os.Remove(out)
+	msgs, _, err := b.deliveryRate(n, size, dur, "file:"+out, nil)
 	if err != nil {
 		return err
 	}
-	defer func() { w.stop(); os.Remove(out) }()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Second)
-	m0, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	t0 := time.Now()
-	time.Sleep(dur)
-	m1, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	fmt.Printf("| file | %d | %d B | %.0f | %s |\n", n, size, float64(m1-m0)/time.Since(t0).Seconds(), dur)
+	fmt.Printf("| file | %d | %d B | %.0f | %s |\n", n, size, msgs, dur)
 	return nil
 }
 
@@ -376,8 +302,7 @@ func (b *bench) runKinesis(tput []int, dur time.Duration, size int, latConns int
 		return err
 	}
 	defer kb.engine.Stop()
-	fmt.Println("| sink | connections | payload | messages/s | window |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	header(true, "sink", "connections", "payload", "messages/s", "window")
 	for _, n := range tput {
 		if err := b.fileThroughputRow(n, dur, size); err != nil {
 			return fmt.Errorf("file throughput at %d: %w", n, err)
@@ -387,14 +312,13 @@ func (b *bench) runKinesis(tput []int, dur time.Duration, size int, latConns int
 		}
 	}
 	fmt.Println()
-	fmt.Println("| load | records | p50 send → record | p99 | max | window |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|")
+	header(true, "load", "records", "p50 send → record", "p99", "max", "window")
 	if err := kb.latency(latConns, latRate, dur); err != nil {
 		return fmt.Errorf("kinesis latency: %w", err)
 	}
 	fmt.Println()
-	fmt.Println("| load | Kinesis stall | leases renewed during it | renew failures | leases lost / self-fences | RSS before → peak | connections sink_slow (max) | queue depth (max) | messages/s after |")
-	fmt.Println("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	header(true, "load", "Kinesis stall", "leases renewed during it", "renew failures", "leases lost / self-fences",
+		"RSS before → peak", "connections sink_slow (max)", "queue depth (max)", "messages/s after")
 	if err := kb.stall(latConns, latRate, stallFor); err != nil {
 		return fmt.Errorf("kinesis stall: %w", err)
 	}

@@ -36,7 +36,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/ddb"
@@ -135,9 +134,7 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		return err
 	}
 	defer b.engine.Stop()
-	b.db = dynamodb.NewFromConfig(aws.Config{Region: "us-east-1",
-		Credentials: credentials.NewStaticCredentialsProvider("local", "local", "")},
-		func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
+	b.db = dynamodb.NewFromConfig(localConfig(), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
 
 	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
 	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
@@ -145,8 +142,7 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		timings.lease, timings.renew, timings.deadline, withSpec)
 
 	if len(idle) > 0 {
-		fmt.Println("| idle connections | worker RSS, none | worker RSS, all streaming | per connection | acquire + connect time |")
-		fmt.Println("|---:|---:|---:|---:|---:|")
+		header(false, "idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
 		for _, n := range idle {
 			if err := b.memory(n); err != nil {
 				return fmt.Errorf("memory at %d: %w", n, err)
@@ -155,8 +151,7 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		fmt.Println()
 	}
 	if len(tput) > 0 {
-		fmt.Printf("| connections | payload | messages/s to a file sink | MB/s of file | window |\n")
-		fmt.Println("|---:|---:|---:|---:|---:|")
+		header(false, "connections", "payload", "messages/s to a file sink", "MB/s of file", "window")
 		for _, n := range tput {
 			if err := b.throughput(n, dur, size); err != nil {
 				return fmt.Errorf("throughput at %d: %w", n, err)
@@ -409,38 +404,13 @@ func waitUpstreamClients(addr string, n int, limit time.Duration) error {
 }
 
 func (b *bench) throughput(n int, dur time.Duration, size int) error {
-	up, err := b.upstream(-1, size) // as fast as the worker reads
-	if err != nil {
-		return err
-	}
-	defer up.stop()
-	table, err := b.newTable(n, up.addr)
-	if err != nil {
-		return err
-	}
 	out := filepath.Join(b.dir, fmt.Sprintf("tput%d.jsonl", n))
-	w, err := b.startWorker(table, n, "file:"+out)
+	defer os.Remove(out)
+	msgs, mb, err := b.deliveryRate(n, size, dur, "file:"+out, nil)
 	if err != nil {
 		return err
 	}
-	defer func() { w.stop(); os.Remove(out) }()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), time.Minute); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Second) // warm up
-	m0, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	f0 := fileSize(out)
-	t0 := time.Now()
-	time.Sleep(dur)
-	m1, err := metric(w.addr, "sockfleet_messages_total")
-	if err != nil {
-		return err
-	}
-	el := time.Since(t0).Seconds()
-	fmt.Printf("| %d | %d B | %.0f | %.1f | %s |\n", n, size, float64(m1-m0)/el, float64(fileSize(out)-f0)/el/1e6, dur)
+	fmt.Printf("| %d | %d B | %.0f | %.1f | %s |\n", n, size, msgs, mb, dur)
 	return nil
 }
 
