@@ -55,25 +55,12 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-var (
-	buildOnce sync.Once
-	bins      fleet.Binaries
-	buildErr  error
-)
-
 // binaries builds the worker and the reconciler once for the test binary.
 func binaries(t *testing.T) fleet.Binaries {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sockfleet-local-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		bins, buildErr = fleet.Build(dir)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	bins, err := fleet.BuildOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bins
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 )
 
 // Binaries are the programs a local fleet runs.
@@ -35,6 +36,26 @@ func Build(dir string) (Binaries, error) {
 	}
 	b.RIE = rie
 	return b, nil
+}
+
+var built struct {
+	once sync.Once
+	bins Binaries
+	err  error
+}
+
+// BuildOnce is Build into a fresh temporary folder, once per process, so that the
+// tests of one test binary share the binaries. The folder is not removed.
+func BuildOnce() (Binaries, error) {
+	built.once.Do(func() {
+		dir, err := os.MkdirTemp("", "sockfleet-bin")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.bins, built.err = Build(dir)
+	})
+	return built.bins, built.err
 }
 
 func findUp(rel string) (string, error) {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -31,24 +30,11 @@ const (
 	testNudge = 2 * time.Second
 )
 
-var (
-	buildOnce sync.Once
-	bins      fleet.Binaries
-	buildErr  error
-)
-
 func binaries(t *testing.T) fleet.Binaries {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sockfleet-bin")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		bins, buildErr = fleet.Build(dir)
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	bins, err := fleet.BuildOnce()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return bins
 }
