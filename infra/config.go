@@ -24,6 +24,10 @@ const (
 	ctxRetention      = "retention"
 	ctxKinesisStream  = "kinesisStream"
 	ctxSecretsPrefix  = "connectionSecretsPrefix"
+	// ctxLegacyIndex keeps the ALL-projected registry index of earlier versions next
+	// to the KEYS_ONLY one, for the first of the two deploys that move a deployed
+	// table (docs/MEMBERSHIP.md, "Moving a deployed table").
+	ctxLegacyIndex = "keepLegacyRegistryIndex"
 )
 
 // KinesisCreate as the kinesisStream knob creates a stream in the stack.
@@ -51,6 +55,11 @@ type Config struct {
 	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
 	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
 	SecretsPrefix string
+	// KeepLegacyRegistryIndex keeps schema.LegacyRegistryIndex on the table. A GSI's
+	// projection cannot change in place, and CloudFormation creates or deletes at most
+	// one GSI per update, so a stack deployed before the registry index became
+	// KEYS_ONLY adds the new index with this set, then drops the old one without it.
+	KeepLegacyRegistryIndex bool
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -201,6 +210,13 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 		}
 		c.SecretsPrefix = strings.TrimSpace(s)
 	}
+	if v := get(ctxLegacyIndex); v != nil {
+		b, err := toBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %w", ctxLegacyIndex, err))
+		}
+		c.KeepLegacyRegistryIndex = b
+	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
 	}
@@ -224,4 +240,20 @@ func toInt(v any) (int, error) {
 		return n, nil
 	}
 	return 0, fmt.Errorf("%v (%T) is not a whole number", v, v)
+}
+
+func toBool(v any) (bool, error) {
+	switch x := v.(type) {
+	case bool:
+		return x, nil
+	case string:
+		switch strings.TrimSpace(x) {
+		case "true":
+			return true, nil
+		case "false", "":
+			return false, nil
+		}
+		return false, fmt.Errorf("%q: want true or false", x)
+	}
+	return false, fmt.Errorf("%v (%T): want true or false", v, v)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/aws/aws-cdk-go/awscdk/v2"
@@ -75,7 +76,7 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 	serviceName := *stack.StackName() + "-worker"
 	retention := retentionEnum[cfg.RetentionDays]
 
-	table := newTable(stack)
+	table := newTable(stack, cfg)
 
 	// Network. Workers live in private subnets and dial their upstreams through
 	// NAT; DynamoDB traffic takes the free gateway endpoint instead.
@@ -184,11 +185,16 @@ func reconcilerCodeDir(props *StackProps) string {
 }
 
 // newTable builds the table from schema.Table, the same definition the local
-// bootstrap creates, so production and local runs cannot drift.
-func newTable(stack awscdk.Stack) awsdynamodb.TableV2 {
+// bootstrap creates, so production and local runs cannot drift. With
+// KeepLegacyRegistryIndex it also keeps the registry index of earlier versions.
+func newTable(stack awscdk.Stack, cfg Config) awsdynamodb.TableV2 {
 	def := schema.Table
+	indexes := def.Indexes
+	if cfg.KeepLegacyRegistryIndex {
+		indexes = append(slices.Clip(indexes), schema.LegacyRegistryIndex)
+	}
 	var gsis []*awsdynamodb.GlobalSecondaryIndexPropsV2
-	for _, ix := range def.Indexes {
+	for _, ix := range indexes {
 		gsis = append(gsis, &awsdynamodb.GlobalSecondaryIndexPropsV2{
 			IndexName:      jsii.String(ix.Name),
 			PartitionKey:   &awsdynamodb.Attribute{Name: jsii.String(ix.PartitionKey), Type: awsdynamodb.AttributeType_STRING},
@@ -265,10 +271,13 @@ func newReconciler(stack awscdk.Stack, p reconcilerProps) awslambda.Function {
 	})
 
 	// Exactly what the handler calls: reads and conditional updates (releases,
-	// sweep nudges), Query on the lease_owner and registry indexes, and the sweep's
-	// Scan. The event source below adds the stream read; SnsDlq adds sns:Publish.
-	p.table.Grant(fn, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
-		jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
+	// sweep nudges, declaring members dead), Query on the lease_owner and registry
+	// indexes and BatchGetItem of the worker items the registry index lists,
+	// PutItem of tombstones and of a stopped task's gone item, DeleteItem of worker
+	// items lapsed an hour ago, and the sweep's Scan. The event source below adds the
+	// stream read; SnsDlq adds sns:Publish.
+	p.table.Grant(fn, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
+		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
 		Actions:   jsii.Strings("secretsmanager:GetSecretValue"),
 		Resources: jsii.Strings(*p.secret.SecretArn()),
@@ -389,8 +398,9 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 	})
 	// Leases: acquire, renew, checkpoint and release are UpdateItem; the registry
 	// item is Put/Update/Delete; GetItem reads an item back after an ambiguous
-	// write; Query on the lease_owner index finds what the worker still holds.
-	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:UpdateItem"),
+	// write; Query on the lease_owner index finds what the worker still holds;
+	// BatchGetItem is the backstop read of its own connections.
+	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
 	// Connection specs' {{secret:NAME}} references: read, and only under the prefix
 	// the operator chose (docs/CONNECTIONS.md).

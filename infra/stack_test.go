@@ -314,6 +314,21 @@ func TestTable(t *testing.T) {
 		strings.Contains(fmt.Sprint(table["GlobalSecondaryIndexes"]), schema.AttrLeaseExpires) {
 		t.Errorf("want the %s index and no index keyed on %s", schema.IndexLeaseOwner, schema.AttrLeaseExpires)
 	}
+	if strings.Contains(fmt.Sprint(table["GlobalSecondaryIndexes"]), schema.LegacyIndexRegistry) {
+		t.Errorf("the legacy %s index is kept only on request", schema.LegacyIndexRegistry)
+	}
+
+	// The first deploy of a stack that has the legacy index keeps it: CloudFormation
+	// then creates only the new index (one GSI creation per update is allowed).
+	_, lj := synthWith(t, map[string]any{ctxLegacyIndex: "true"})
+	_, legacy := only(t, lj, "AWS::DynamoDB::GlobalTable", nil)
+	ix := schema.LegacyRegistryIndex
+	want = append(want, obj{
+		"IndexName":  ix.Name,
+		"KeySchema":  []any{obj{"AttributeName": ix.PartitionKey, "KeyType": "HASH"}},
+		"Projection": obj{"ProjectionType": string(ix.Projection)},
+	})
+	wantSame(t, "global secondary indexes with "+ctxLegacyIndex, legacy["GlobalSecondaryIndexes"], want)
 }
 
 func TestStreamEventSource(t *testing.T) {
@@ -531,13 +546,13 @@ func TestIAMLeastPrivilege(t *testing.T) {
 	}
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
-		"dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
+		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
 		"secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
-		"dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords", "dynamodb:GetShardIterator",
-		"dynamodb:ListStreams", "dynamodb:Query", "dynamodb:Scan", "dynamodb:UpdateItem",
-		"secretsmanager:GetSecretValue", "sns:Publish",
+		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
+		"dynamodb:GetShardIterator", "dynamodb:ListStreams", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
+		"dynamodb:UpdateItem", "secretsmanager:GetSecretValue", "sns:Publish",
 	})
 	for _, a := range actionSet(roles[x.execRole]) {
 		switch a {

@@ -70,6 +70,9 @@ func (r *Registry) Join(ctx context.Context, w codec.Worker, now time.Time, skew
 // draining flag, only if the item holds w.Incarnation and was not declared dead.
 // ErrNotMember means it does not: the worker must stop everything and exit. Any other
 // error leaves the outcome unknown, and the caller must count the renew as failed.
+//
+// It never writes the registry index's key (Join did), and the index projects only
+// keys, so a renew writes the item alone: 1 write unit while the item is under 1 KB.
 func (r *Registry) Renew(ctx context.Context, w codec.Worker) error {
 	if err := validMember(w); err != nil {
 		return fmt.Errorf("renew membership: %w", err)
@@ -78,17 +81,17 @@ func (r *Registry) Renew(ctx context.Context, w codec.Worker) error {
 	_, err := r.DB.UpdateItem(ctx, &dynamodb.UpdateItemInput{
 		TableName:           &r.Table,
 		Key:                 workerKey(w.ID),
-		UpdateExpression:    aws.String("SET #a = :a, #c = :c, #l = :l, #dr = :dr, #h = :h, #ttl = :ttl, #r = :r"),
+		UpdateExpression:    aws.String("SET #a = :a, #c = :c, #l = :l, #dr = :dr, #h = :h, #ttl = :ttl"),
 		ConditionExpression: aws.String("#inc = :inc AND attribute_not_exists(#dead)"),
 		ExpressionAttributeNames: map[string]string{
 			"#a": schema.AttrAddr, "#c": schema.AttrCapacity, "#l": schema.AttrLoad, "#dr": schema.AttrDraining,
-			"#h": schema.AttrHeartbeatExpires, "#ttl": schema.AttrTTL, "#r": schema.AttrRegistry,
+			"#h": schema.AttrHeartbeatExpires, "#ttl": schema.AttrTTL,
 			"#inc": schema.AttrIncarnation, "#dead": schema.AttrDeadAt,
 		},
 		ExpressionAttributeValues: map[string]types.AttributeValue{
 			":a": codec.S(w.Addr), ":c": codec.N(int64(w.Capacity)), ":l": codec.N(int64(w.Load)),
 			":dr": &types.AttributeValueMemberBOOL{Value: w.Draining}, ":h": codec.N(w.HeartbeatExpiresAtMs),
-			":ttl": codec.N(ttl), ":r": codec.S(schema.RegistryKey), ":inc": codec.S(w.Incarnation),
+			":ttl": codec.N(ttl), ":inc": codec.S(w.Incarnation),
 		},
 		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
 	})

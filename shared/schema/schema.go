@@ -79,8 +79,15 @@ const (
 	// attribute heartbeats never change, so heartbeats never write to it.
 	IndexLeaseOwner = "lease_owner-index"
 	// IndexRegistry is a sparse index over worker items only (keyed on AttrRegistry).
-	// It costs one index write per worker heartbeat, never one per connection.
-	IndexRegistry = "registry-index"
+	// KEYS_ONLY, and keyed on an attribute a renew never changes, so a membership
+	// renew writes only the item (1 write unit), never the index; readers fetch the
+	// items it lists with BatchGetItem.
+	IndexRegistry = "registry-keys-index"
+	// LegacyIndexRegistry is the registry index of earlier versions, which projected
+	// ALL, so that every renew also wrote the index. A GSI's projection cannot be
+	// changed in place, so deployed tables move to IndexRegistry in two deploys (see
+	// docs/MEMBERSHIP.md); until the new index is active, readers fall back to this one.
+	LegacyIndexRegistry = "registry-index"
 )
 
 // Key prefixes.

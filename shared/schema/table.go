@@ -33,6 +33,10 @@ var Table = TableDef{
 	TTLAttribute: AttrTTL,
 	Indexes: []Index{
 		{Name: IndexLeaseOwner, PartitionKey: AttrLeaseOwner, Projection: KeysOnly},
-		{Name: IndexRegistry, PartitionKey: AttrRegistry, Projection: All},
+		{Name: IndexRegistry, PartitionKey: AttrRegistry, Projection: KeysOnly},
 	},
 }
+
+// LegacyRegistryIndex is the registry index of earlier versions (ALL projection),
+// kept only by a deployed stack that is moving to IndexRegistry (docs/MEMBERSHIP.md).
+var LegacyRegistryIndex = Index{Name: LegacyIndexRegistry, PartitionKey: AttrRegistry, Projection: All}
