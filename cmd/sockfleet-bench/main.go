@@ -31,6 +31,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -50,6 +51,10 @@ func main() {
 	restart := flag.Duration("restart-delay", 20*time.Second, "how long a replacement for an exited worker takes to start "+
 		"(an ECS task takes tens of seconds); survivors must cover the gap")
 	from := flag.String("from", "", "render the report and the plot again from this results.json, without running fleets")
+	density := flag.Int("density", 0, "membership (stream mode): 2 workers holding this many connections each, idle then streaming; 0 skips it")
+	outage := flag.Duration("outage", 0, "membership (stream mode): cut the table off from the workers and the reconciler this long, "+
+		"longer than the 11 s membership lease, then time the recovery; 0 skips it")
+	members := flag.String("members", "", "membership (stream mode): fleet sizes whose steady-state stream invocations to count, e.g. 3,10")
 	flag.Parse()
 	if *from != "" {
 		if err := rerender(*from, *out); err != nil {
@@ -66,8 +71,28 @@ func main() {
 			o.massConns, o.massCap = 60, 20
 		}
 	}
+	mo := membershipOptions{density: *density, outage: *outage, trials: o.trials, restart: *restart}
+	for _, n := range strings.Split(*members, ",") {
+		if n = strings.TrimSpace(n); n == "" {
+			continue
+		}
+		k, err := strconv.Atoi(n)
+		if err != nil || k < 1 || k > 50 {
+			fmt.Fprintf(os.Stderr, "sockfleet-bench: -members %q: want fleet sizes from 1 to 50\n", n)
+			os.Exit(2)
+		}
+		mo.members = append(mo.members, k)
+	}
+	if *density < 0 || *density > 500 || *outage < 0 {
+		fmt.Fprintln(os.Stderr, "sockfleet-bench: -density wants 0 to 500 connections per worker, -outage a duration of 0 or more")
+		os.Exit(2)
+	}
+	o.membership = mo
 	for _, m := range strings.Split(*modes, ",") {
 		m = strings.TrimSpace(m)
+		if m == "" && mo.any() {
+			continue // only the membership scenarios
+		}
 		if m != schema.ModeStream && m != schema.ModePolling {
 			fmt.Fprintf(os.Stderr, "sockfleet-bench: unknown mode %q\n", m)
 			os.Exit(2)
@@ -91,6 +116,7 @@ type options struct {
 	massConns, massCap int
 	keep               bool
 	restartDelay       time.Duration
+	membership         membershipOptions
 }
 
 var timings = map[string]string{
@@ -169,6 +195,11 @@ func run(ctx context.Context, o options) error {
 		}
 		logf("%s mass: stopping (the workers drain)", mode)
 		f.Stop()
+	}
+	if o.membership.any() && ctx.Err() == nil {
+		mo := o.membership
+		mo.workDir, mo.bins, mo.logf, mo.log = work, bins, logf, log
+		res.Membership = runMembership(ctx, mo, r)
 	}
 	res.LoadEnd = loadavg()
 	if err := write(res, o.out); err != nil {

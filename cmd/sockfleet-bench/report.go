@@ -23,6 +23,8 @@ type Results struct {
 	RestartDelaySec float64       `json:"restart_delay_s"`
 	Plot            string        `json:"plot"`
 	Modes           []*ModeResult `json:"modes"`
+	// Membership is the issue-12 scenarios (membership.go), when asked for.
+	Membership *MembershipResult `json:"membership,omitempty"`
 }
 
 func (r *Results) mode(name string) *ModeResult {
@@ -195,6 +197,9 @@ func WriteReport(w io.Writer, r *Results) {
 		for _, pr := range m.Problems {
 			p("- problem (%s): %s", m.Mode, oneLine(pr))
 		}
+	}
+	if r.Membership != nil {
+		writeMembership(p, r.Membership)
 	}
 	if r.Plot != "" {
 		p("")
