@@ -83,7 +83,7 @@ type OutageTrial struct {
 	// upstream client each, owned by a running worker).
 	RecoverMs float64 `json:"recover_ms"`
 	// Replaced is how many workers exited (declared dead, say) between the outage's
-	// start and the recovery.
+	// start and 5 s after the recovery.
 	Replaced int    `json:"replaced"`
 	Err      string `json:"error,omitempty"`
 }
@@ -232,6 +232,10 @@ func (r *runner) outage(ctx context.Context, o membershipOptions, out *Outage) e
 			tr.Err = err.Error()
 		}
 		tr.RecoverMs = ms1(gap)
+		// A member declared dead learns it at its next renew (within 3 s) and exits.
+		if err := sleep(ctx, 5*time.Second); err != nil {
+			return err
+		}
 		tr.Replaced = f.replacedSince(before)
 		out.Trials = append(out.Trials, tr)
 		o.logf("outage trial %d: %d clients left at the end of %s down; all streaming %s after the return; %d workers replaced",

@@ -25,6 +25,11 @@
 //   - Releases that fail are retried on later calls while the dead member's item is
 //     within RetryFor of its lapse; after that the sweep's pass over the table finds
 //     what is left.
+//   - After a quiet spell (no heartbeat batch for longer than Quiet, which is what an
+//     outage of the table or of its stream looks like: every member lapses at once),
+//     nobody is declared dead until Grace after the first heartbeat that ends it, so
+//     that members that are alive renew first instead of being expelled. Only a
+//     warm instance knows of a quiet spell; a cold one acts at once.
 //
 // Non-guarantees: the registry is listed through its index, which is eventually
 // consistent; a stale listing only delays a declaration (the conditional write
@@ -66,6 +71,13 @@ const (
 	DefaultEvery = 2 * time.Second
 	// DefaultRetryFor: how long after a dead member's lapse its releases are retried.
 	DefaultRetryFor = 2 * time.Minute
+	// DefaultQuiet: heartbeat batches arrive every renew interval (3 s) divided by the
+	// number of members, so a gap this long means no member could renew (or the
+	// stream stalled), not that one died.
+	DefaultQuiet = 10 * time.Second
+	// DefaultGrace: one renew interval (3 s) plus the skew margin, time for every
+	// member that is alive to renew once the table is back.
+	DefaultGrace = 5 * time.Second
 )
 
 // Reaper declares lapsed members dead and releases their connections.
@@ -75,10 +87,14 @@ type Reaper struct {
 	Skew     time.Duration // the skew margin; the workers' must not exceed it
 	Every    time.Duration // default DefaultEvery
 	RetryFor time.Duration // default DefaultRetryFor
+	Quiet    time.Duration // default DefaultQuiet
+	Grace    time.Duration // default DefaultGrace
 	Log      *slog.Logger
 
-	mu   sync.Mutex
-	last time.Time
+	mu         sync.Mutex
+	last       time.Time // last Reap slot claimed by Due
+	heard      time.Time // last heartbeat batch (Due call)
+	graceUntil time.Time // no declarations before this (after a quiet spell)
 }
 
 // Report is what one call did.
@@ -95,13 +111,31 @@ func (r *Reaper) Due(now time.Time) bool {
 	if every <= 0 {
 		every = DefaultEvery
 	}
+	quiet, grace := r.Quiet, r.Grace
+	if quiet <= 0 {
+		quiet = DefaultQuiet
+	}
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !r.heard.IsZero() && now.Sub(r.heard) > quiet {
+		r.graceUntil = now.Add(grace)
+	}
+	r.heard = now
 	if !r.last.IsZero() && now.Sub(r.last) < every {
 		return false
 	}
 	r.last = now
 	return true
+}
+
+// inGrace reports whether declarations wait at now (a quiet spell just ended).
+func (r *Reaper) inGrace(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return now.Before(r.graceUntil)
 }
 
 // Reap lists the registry and acts on every member that is lapsed or dead.
@@ -164,6 +198,9 @@ func (r *Reaper) member(ctx context.Context, w codec.Worker, now time.Time, rep 
 		return nil // live, or lapsed within the margin: it may still be streaming
 	}
 	if !w.Dead() {
+		if r.inGrace(now) {
+			return nil // every member lapsed in a quiet spell: let the live ones renew first
+		}
 		declared, err := r.Registry.DeclareDead(ctx, w, now, r.Skew)
 		if err != nil {
 			return err

@@ -241,3 +241,57 @@ func TestDueAtMostOncePerInterval(t *testing.T) {
 func (f *fixture) putInput(c codec.Connection) *dynamodb.PutItemInput {
 	return &dynamodb.PutItemInput{TableName: &f.e.Table, Item: codec.EncodeConnection(c)}
 }
+
+// An outage of the table lapses every member at once, and the heartbeats stop. The
+// first heartbeat after it must not get the members that have yet to renew expelled:
+// declarations wait Grace, then a member still lapsed is declared dead as usual.
+func TestQuietSpellDefersDeclarations(t *testing.T) {
+	f := setup(t)
+	r := f.reaper(nil)
+	t0 := f.now.Add(-time.Minute)
+	if !r.Due(t0) { // heartbeats before the outage
+		t.Fatal("first heartbeat not due")
+	}
+	f.join("slow", "i1", f.now.Add(-skew-5*time.Second)) // lapsed in the outage, renews a little later
+	f.join("first", "i2", f.now.Add(10*time.Second))     // renewed as soon as the table was back
+	f.own("a", "slow")
+	// The quiet spell ends: this heartbeat claims a reap, which declares nobody.
+	if !r.Due(f.now) {
+		t.Fatal("heartbeat after the quiet spell not due")
+	}
+	rep, _, err := r.Reap(f.ctx, f.now)
+	if err != nil || len(rep.Declared)+len(rep.Released) != 0 {
+		t.Fatalf("within the grace: %+v %v", rep, err)
+	}
+	if c := f.get("a"); !c.Owned() {
+		t.Fatalf("released within the grace: %+v", c)
+	}
+	// Heartbeats go on; once the grace has passed, a member that is still lapsed is
+	// declared dead and its connections released.
+	later := f.now.Add(membership.DefaultGrace)
+	if rep, _, _ := r.Reap(f.ctx, later.Add(-time.Millisecond)); len(rep.Declared) != 0 {
+		t.Fatalf("declared within the grace: %+v", rep)
+	}
+	rep, _, err = r.Reap(f.ctx, later)
+	if err != nil || !slices.Equal(rep.Declared, []string{"slow"}) || !slices.Equal(rep.Released, []string{"a"}) {
+		t.Fatalf("after the grace: %+v %v", rep, err)
+	}
+}
+
+// Steady heartbeats never open a grace: a hung member is declared dead on the next
+// reap, as before.
+func TestSteadyHeartbeatsDeclareAtOnce(t *testing.T) {
+	f := setup(t)
+	r := f.reaper(nil)
+	for i := range 5 {
+		r.Due(f.now.Add(time.Duration(i-5) * 3 * time.Second))
+	}
+	f.join("hung", "i1", f.now.Add(-skew-time.Millisecond))
+	if !r.Due(f.now) {
+		t.Fatal("not due")
+	}
+	rep, _, err := r.Reap(f.ctx, f.now)
+	if err != nil || !slices.Equal(rep.Declared, []string{"hung"}) {
+		t.Fatalf("%+v %v", rep, err)
+	}
+}
