@@ -371,3 +371,80 @@ func TestHandoffResumeNoneIsReleaseThenAcquire(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
 }
+
+// A drain hands every connection to the live workers, spread by load, make-before-
+// break; with handoffs off it releases them as before.
+func TestDrainByHandoff(t *testing.T) {
+	e := newEnv(t, rate)
+	ids := []string{"c1", "c2", "c3", "c4", "c5", "c6"}
+	for _, id := range ids {
+		e.putConn(id, schema.Started)
+	}
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, ids...)
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool {
+		for _, id := range ids {
+			if l.count(id, "w1") < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	w2 := e.handoffWorker("w2", &l, opts{})
+	w3 := e.handoffWorker("w3", &l, opts{})
+	if err := w1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, id := range ids {
+		c := e.get(id)
+		if c.LeaseOwner != "w2" && c.LeaseOwner != "w3" || c.Status != "handed_off" {
+			t.Fatalf("%s after the drain: %+v", id, c)
+		}
+		got[c.LeaseOwner]++
+	}
+	if got["w2"] != 3 || got["w3"] != 3 {
+		t.Fatalf("spread %v, want 3 each", got)
+	}
+	waitFor(t, 5*time.Second, "streaming at the new owners", func() bool {
+		for _, id := range ids {
+			if l.count(id, e.get(id).LeaseOwner) < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range ids {
+		owners, gaps := l.check(t, id)
+		if len(owners) != 2 {
+			t.Fatalf("%s: deliverers %v", id, owners)
+		}
+		t.Logf("%s: %v, gap %s", id, owners, gaps[0])
+	}
+	if n := w2.Metrics.HandoffsTaken.Load() + w3.Metrics.HandoffsTaken.Load(); n != int64(len(ids)) {
+		t.Fatalf("%d taken over from standbys, want %d", n, len(ids))
+	}
+	// Handoffs off: the drain releases, as before, even with a live worker to hand to.
+	for _, w := range []*worker{w2, w3} {
+		if err := w.stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w4 := e.handoffWorker("w4", &l, opts{noHandoff: true})
+	for _, id := range ids {
+		if r := e.wake(w4, wakeup.NeedsOwner, 0, id); r[0].Result != wakeup.Acquired {
+			t.Fatalf("w4 wake %s: %+v (%+v)", id, r, e.get(id))
+		}
+	}
+	e.handoffWorker("w5", &l, opts{})
+	waitFor(t, 5*time.Second, "w4 streaming", func() bool { return l.count("c1", "w4") >= 20 })
+	if err := w4.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if c := e.get(id); c.Owned() || c.Status != "released" {
+			t.Fatalf("%s after a drain with handoffs off: %+v", id, c)
+		}
+	}
+}

@@ -29,6 +29,16 @@
 //   - A wakeup about a lease this worker holds is answered after a conditional write
 //     that reads the item, never from memory.
 //   - Run joins every goroutine it started, including connection goroutines.
+//   - Planned handoff (stream mode, Config.Handoff; handoff.go, docs/HANDOFF.md):
+//     the old owner stops delivering (its stream returns, everything read delivered)
+//     before the one conditional write that transfers the lease, and the new owner
+//     delivers only after it learns the new version (the commit, or the item read
+//     with a conditional write), dropping what the old owner delivered. So at most
+//     one worker delivers a connection at a time, and a handoff skips no sequence and
+//     repeats none. Two upstream sockets may be open at once for at most the prepare
+//     timeout plus the cut (the old stream's last flush and close). A handoff that
+//     cannot be prepared ends in the release above, saying why in status_error; a
+//     drain hands off first and releases what is left, within DrainTimeout.
 //
 // Non-guarantees: delivery is at least once. Messages delivered after the last
 // checkpoint are delivered again by the next owner if this worker dies without
@@ -309,8 +319,9 @@ func (m *Manager) Healthy() error {
 }
 
 // Run registers the worker, renews every interval until ctx is cancelled, then
-// drains: it marks the worker draining, stops every connection, releases each lease
-// with its final checkpoint, and deletes the registry item, all within DrainTimeout.
+// drains: it marks the worker draining, hands connections off to live workers (if
+// handoffs are on), stops every other connection, releases each lease with its
+// final checkpoint, and deletes the registry item, all within DrainTimeout.
 // It returns after every goroutine it started has exited.
 func (m *Manager) Run(ctx context.Context) error {
 	if m.mem != nil {
@@ -643,7 +654,7 @@ func (m *Manager) drain() error {
 		m.dropStandbys()
 		// Hand off first, make-before-break, leaving time for the releases of what
 		// could not be handed off.
-		stopBy := deadline.Add(-2*m.cfg.ReleaseTimeout - m.cfg.SkewMargin)
+		stopBy := deadline.Add(-m.cfg.ReleaseTimeout - m.cfg.SkewMargin)
 		m.cfg.Log.Info("draining by handoff", "connections", len(list), "timeout", m.cfg.DrainTimeout)
 		hctx, hcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
 		m.drainByHandoff(hctx, list, stopBy)
