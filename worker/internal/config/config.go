@@ -177,8 +177,9 @@ func (c *Config) Validate() error {
 		if c.BackstopInterval <= 0 {
 			bad(schema.EnvBackstopInterval, "%s must be positive", c.BackstopInterval)
 		}
-		if c.Handoff && (c.HandoffPrepareTimeout <= 0 || c.HandoffPrepareTimeout >= c.DrainTimeout) {
-			bad(schema.EnvHandoffPrepareTimeout, "%s must be positive and shorter than %s (%s)", c.HandoffPrepareTimeout, schema.EnvDrainTimeout, c.DrainTimeout)
+		if c.Handoff && c.HandoffPrepareTimeout <= 0 {
+			// A drain cuts its prepares short itself, to leave time for its releases.
+			bad(schema.EnvHandoffPrepareTimeout, "%s must be positive", c.HandoffPrepareTimeout)
 		}
 		if c.Handoff && c.HandoffStandbyTimeout != 0 && c.HandoffStandbyTimeout <= c.HandoffPrepareTimeout {
 			bad(schema.EnvHandoffStandbyTimeout, "%s must be longer than %s (%s)", c.HandoffStandbyTimeout, schema.EnvHandoffPrepareTimeout, c.HandoffPrepareTimeout)
