@@ -60,6 +60,9 @@ type fleetOptions struct {
 	ClientTimeout time.Duration // the upstream drops clients silent this long; default testRenew
 	// WorkerEnv returns extra environment for the worker in slot, after the defaults.
 	WorkerEnv func(slot int) []string
+	// Collector, if set, is every worker's sink (instead of its file), recording who
+	// delivered what and when.
+	Collector *fleet.Collector
 }
 
 func startFleet(t *testing.T, workers int, endpoint string) *testFleet {
@@ -95,7 +98,7 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 		Dir: dir, Endpoint: e.Endpoint, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
 		Secret: "test-secret-0123456789abcdef", Workers: o.Workers, WorkerBin: b.Worker, Restart: true,
 		Bootstrap: b.Bootstrap, RIE: b.RIE, LambdaAddr: "127.0.0.1:0",
-		WorkerEnv: func(slot int, _ string) []string {
+		WorkerEnv: func(slot int, id string) []string {
 			env := []string{
 				schema.EnvLease + "=" + testLease.String(),
 				schema.EnvRenewInterval + "=" + testRenew.String(),
@@ -111,6 +114,9 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 			}
 			if o.WorkerEnv != nil {
 				env = append(env, o.WorkerEnv(slot)...)
+			}
+			if o.Collector != nil {
+				env = append(env, schema.EnvSink+"="+o.Collector.URL(id))
 			}
 			return env
 		},

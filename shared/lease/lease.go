@@ -12,6 +12,11 @@
 //     is one read), and every write by an owner (renew, checkpoint, release) is
 //     conditioned on lease_owner = me AND lease_version = v. A worker that lost its
 //     lease can neither renew, checkpoint nor release it.
+//   - Transfer (a planned handoff, docs/HANDOFF.md) changes the owner in the same one
+//     conditional write as every owner write (lease_owner = me AND lease_version = v,
+//     and desired_state = STARTED), with the checkpoint, and gives the new owner a
+//     version from the same clock as Acquire: the old owner can write nothing after
+//     it, and the lease is never unowned in between.
 //   - Acquire never creates an item and only takes STARTED connections whose lease is
 //     absent, released, or expired by more than the skew margin on the caller's clock;
 //     a membership lease never expires, so it is taken only once released.
@@ -474,6 +479,14 @@ func withStatus(set string, vals map[string]types.AttributeValue, p Progress, no
 // made, the lease is repaired once and the write retried (see ownerRepair).
 func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update string,
 	vals map[string]types.AttributeValue, done func(codec.Connection) bool) (codec.Connection, error) {
+	return s.ownerWriteIf(ctx, op, l, update, "", vals, done)
+}
+
+// ownerWriteIf is ownerWrite with a further condition (cond, "" for none): a write
+// refused by it alone, the lease still l's, is ErrNotStarted when cond is on the
+// desired state (the only one used), else ErrLost.
+func (s *Store) ownerWriteIf(ctx context.Context, op string, l Lease, update, cond string,
+	vals map[string]types.AttributeValue, done func(codec.Connection) bool) (codec.Connection, error) {
 	if err := validIDs(l.ID, l.Owner); err != nil {
 		return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, err)
 	}
@@ -482,7 +495,7 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 		TableName:           &s.cfg.Table,
 		Key:                 key(l.ID),
 		UpdateExpression:    aws.String(update),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND #o = :me AND #v = :v"),
+		ConditionExpression: aws.String(ownerCond(cond)),
 		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
 			"#v", schema.AttrLeaseVersion, "#ls", schema.AttrLastSeq),
 		ExpressionAttributeValues:           vals,
@@ -492,8 +505,11 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 	if !strings.Contains(update, "#e") {
 		delete(in.ExpressionAttributeNames, "#e") // a checkpoint leaves the expiry alone
 	}
-	if _, ok := vals[":stopped"]; ok {
+	if _, ok := vals[":stopped"]; ok || strings.Contains(cond, "#d") {
 		in.ExpressionAttributeNames["#d"] = schema.AttrDesiredState
+	}
+	if _, ok := vals[":to"]; ok {
+		in.ExpressionAttributeNames["#ma"] = schema.AttrMovedAt
 	}
 	if _, ok := vals[":qe"]; ok {
 		in.ExpressionAttributeNames["#qe"] = schema.AttrEpoch
@@ -520,6 +536,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, update strin
 			return codec.Connection{}, fmt.Errorf("%s %s: %w: %s", op, l.ID, ErrUnavailable, translateMsg(err))
 		case cur.ID == "":
 			return codec.Connection{}, fmt.Errorf("%s %s: %w", op, l.ID, ErrNotFound)
+		case cond != "" && isCondition(err) && cur.LeaseOwner == l.Owner && cur.LeaseVersion == l.Version && !unusableVersion(raw):
+			// Still ours: only the further condition failed.
+			return codec.Connection{}, fmt.Errorf("%s %s: %w (desired_state %q)", op, l.ID, ErrNotStarted, cur.DesiredState)
 		}
 		if attempt == 0 && isCondition(err) {
 			repaired, rerr := s.ownerRepair(ctx, l, raw)
@@ -864,6 +883,15 @@ func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec
 	default:
 		return fmt.Errorf("release %s (unusable version): %w", id, translate(err))
 	}
+}
+
+// ownerCond is the owner-and-version condition, with cond if not empty.
+func ownerCond(cond string) string {
+	c := "attribute_exists(#pk) AND #o = :me AND #v = :v"
+	if cond != "" {
+		c += " AND " + cond
+	}
+	return c
 }
 
 // unusableVersion: the item names an owner but its lease_version is absent or will

@@ -64,6 +64,13 @@ const (
 	// back this often to catch lost wakeups (default 1m).
 	EnvCheckpointInterval = "SOCKFLEET_CHECKPOINT_INTERVAL"
 	EnvBackstopInterval   = "SOCKFLEET_BACKSTOP_INTERVAL"
+
+	// Worker, stream mode: planned handoffs, make-before-break (docs/HANDOFF.md).
+	EnvHandoff               = "SOCKFLEET_HANDOFF"                 // on (default) | off: drain releases, handoff wakeups refused
+	EnvHandoffPrepareTimeout = "SOCKFLEET_HANDOFF_PREPARE_TIMEOUT" // target's item read + dial + open messages; default 10s
+	EnvHandoffStandbyTimeout = "SOCKFLEET_HANDOFF_STANDBY_TIMEOUT" // a ready standby without a commit reads the item after this; default prepare + 10s
+	EnvStandbyMaxMessages    = "SOCKFLEET_STANDBY_MAX_MESSAGES"    // messages a standby holds before the commit; default 10000
+	EnvStandbyMaxBytes       = "SOCKFLEET_STANDBY_MAX_BYTES"       // bytes a standby holds before the commit; default 4194304
 )
 
 // WorkerEnvVars names every variable the worker reads, so a tool that passes worker
@@ -76,6 +83,7 @@ var WorkerEnvVars = []string{
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
 	EnvCheckpointInterval, EnvBackstopInterval,
 	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL,
+	EnvHandoff, EnvHandoffPrepareTimeout, EnvHandoffStandbyTimeout, EnvStandbyMaxMessages, EnvStandbyMaxBytes,
 }
 
 // WorkerContainer is the name of the worker's container in the ECS task definition.

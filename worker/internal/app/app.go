@@ -20,7 +20,9 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/worker/internal/config"
+	"github.com/sockfleet/sockfleet/worker/internal/handoff"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
 	"github.com/sockfleet/sockfleet/worker/internal/secrets"
@@ -183,6 +185,9 @@ func New(cfg config.Config, d Deps) (*App, error) {
 			return owner.ReadDesiredState(ctx, d.DB, cfg.Table, id)
 		}
 	}
+	if stream && cfg.Handoff {
+		oc.Handoff = handoffConfig(cfg, &sc, snk, store, reg)
+	}
 	mgr, err := owner.New(oc)
 	if err != nil {
 		return nil, err
@@ -194,6 +199,9 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		}
 	}
 	srv := &server.Server{Secret: cfg.WakeupSecret, Owner: mgr, Metrics: m, Log: d.Log}
+	if oc.Handoff != nil {
+		srv.Handoffs = mgr
+	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
 	return &App{Manager: mgr, Metrics: m, cfg: cfg, ln: ln, hs: hs, sink: snk, log: d.Log}, nil
 }
@@ -226,4 +234,43 @@ func newIncarnation() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return hex.EncodeToString(b[:])
+}
+
+// handoffConfig wires planned handoffs: calls to other workers signed with the wakeup
+// secret, targets from the registry, and standbys whose streams write to a gate in
+// front of the worker's sink.
+func handoffConfig(cfg config.Config, sc *wstream.Config, snk sink.Sink, store *lease.Store, reg *registry.Registry) *owner.HandoffConfig {
+	return &owner.HandoffConfig{
+		Peer:  &handoff.Client{Secret: cfg.WakeupSecret, Timeout: cfg.HandoffPrepareTimeout + 2*time.Second},
+		Store: store,
+		Workers: func(ctx context.Context) ([]codec.Worker, error) {
+			ws, _, err := reg.List(ctx)
+			return ws, err
+		},
+		NewStandby: func(l lease.Lease, valid func() bool, overflow func(error)) (owner.Stream, *handoff.Gate) {
+			g := &handoff.Gate{Sink: snk, MaxMessages: cfg.StandbyMaxMessages, MaxBytes: cfg.StandbyMaxBytes,
+				Timeout: sc.SinkTimeout, Valid: valid, OnOverflow: overflow}
+			c := *sc
+			c.Sink = g
+			s := wstream.New(&c, l.ID, l.WSURL, l.LastSeq)
+			_ = s.UseSpec(l.Spec, l.Epoch) // validated by prepare's read of the item
+			s.GuardWith(valid)
+			return s, g
+		},
+		Resumable: func(l lease.Lease) error {
+			r := sc.Resume
+			if l.Spec.Resume != "" {
+				var err error
+				if r, err = wstream.ParseResume(l.Spec.Resume); err != nil {
+					return err
+				}
+			}
+			if r.Kind == "none" {
+				return errors.New("resume none: the upstream cannot resume, so the handoff is a release-then-acquire")
+			}
+			return nil
+		},
+		PrepareTimeout: cfg.HandoffPrepareTimeout,
+		StandbyTimeout: cfg.HandoffStandbyTimeout,
+	}
 }

@@ -177,6 +177,12 @@ type opts struct {
 	resume     string        // "": the default
 	backstop   time.Duration // stream mode; default 1 minute (out of the way)
 	checkpoint time.Duration // stream mode; default checkpointEvery
+	// Planned handoffs: standbyMax messages held (default 10000); advertise, if set,
+	// turns the listener's address into the one registered (a proxy in front of it);
+	// noHandoff turns them off.
+	standbyMax int
+	advertise  func(addr string) string
+	noHandoff  bool
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -208,6 +214,14 @@ func (e *env) worker(id string, o opts) *worker {
 	if o.resume != "" {
 		cfg.Resume = o.resume
 	}
+	cfg.HandoffPrepareTimeout, cfg.HandoffStandbyTimeout = 2*time.Second, 3*time.Second
+	if o.standbyMax > 0 {
+		cfg.StandbyMaxMessages = o.standbyMax
+	}
+	if o.advertise != nil {
+		cfg.AdvertiseAddr = o.advertise(cfg.AdvertiseAddr)
+	}
+	cfg.Handoff = !o.noHandoff
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}

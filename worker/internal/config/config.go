@@ -73,6 +73,14 @@ type Config struct {
 	// item is read back every BackstopInterval to catch a lost wakeup.
 	CheckpointInterval time.Duration
 	BackstopInterval   time.Duration
+
+	// Stream mode: planned handoffs (docs/HANDOFF.md). Handoff false: a drain releases
+	// everything and handoff wakeups are answered target_unavailable.
+	Handoff               bool
+	HandoffPrepareTimeout time.Duration
+	HandoffStandbyTimeout time.Duration // 0: the prepare timeout + 10s
+	StandbyMaxMessages    int
+	StandbyMaxBytes       int
 }
 
 // PollingDefaults are the seed's timings: a 5 s heartbeat and a 20 s lease, with
@@ -106,10 +114,15 @@ func Defaults() Config {
 		CheckpointInterval: 30 * time.Second,
 		BackstopInterval:   time.Minute,
 		DrainTimeout:       60 * time.Second,
-		Sink:               "stdout",
-		Resume:             stream.DefaultResume,
-		BadMessages:        string(stream.BadCount),
-		Mode:               schema.ModeStream,
+
+		Handoff:               true,
+		HandoffPrepareTimeout: 10 * time.Second,
+		StandbyMaxMessages:    10_000,
+		StandbyMaxBytes:       4 << 20,
+		Sink:                  "stdout",
+		Resume:                stream.DefaultResume,
+		BadMessages:           string(stream.BadCount),
+		Mode:                  schema.ModeStream,
 	}
 }
 
@@ -163,6 +176,16 @@ func (c *Config) Validate() error {
 		}
 		if c.BackstopInterval <= 0 {
 			bad(schema.EnvBackstopInterval, "%s must be positive", c.BackstopInterval)
+		}
+		if c.Handoff && c.HandoffPrepareTimeout <= 0 {
+			// A drain cuts its prepares short itself, to leave time for its releases.
+			bad(schema.EnvHandoffPrepareTimeout, "%s must be positive", c.HandoffPrepareTimeout)
+		}
+		if c.Handoff && c.HandoffStandbyTimeout != 0 && c.HandoffStandbyTimeout <= c.HandoffPrepareTimeout {
+			bad(schema.EnvHandoffStandbyTimeout, "%s must be longer than %s (%s)", c.HandoffStandbyTimeout, schema.EnvHandoffPrepareTimeout, c.HandoffPrepareTimeout)
+		}
+		if c.Handoff && (c.StandbyMaxMessages <= 0 || c.StandbyMaxBytes <= 0) {
+			bad(schema.EnvStandbyMaxMessages, "%d messages and %s %d bytes must be positive", c.StandbyMaxMessages, schema.EnvStandbyMaxBytes, c.StandbyMaxBytes)
 		}
 	case schema.ModePolling:
 		if c.PollInterval <= 0 {
@@ -289,6 +312,24 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	dur(schema.EnvClockOffset, &c.ClockOffset)
 	dur(schema.EnvCheckpointInterval, &c.CheckpointInterval)
 	dur(schema.EnvBackstopInterval, &c.BackstopInterval)
+	dur(schema.EnvHandoffPrepareTimeout, &c.HandoffPrepareTimeout)
+	dur(schema.EnvHandoffStandbyTimeout, &c.HandoffStandbyTimeout)
+	switch v := getenv(schema.EnvHandoff); v {
+	case "":
+	case "on", "off":
+		c.Handoff = v == "on"
+	default:
+		errs = append(errs, fmt.Errorf("%s: %q: want on or off", schema.EnvHandoff, v))
+	}
+	for env, dst := range map[string]*int{schema.EnvStandbyMaxMessages: &c.StandbyMaxMessages, schema.EnvStandbyMaxBytes: &c.StandbyMaxBytes} {
+		if v := getenv(env); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %q is not an integer", env, v))
+			}
+			*dst = n
+		}
+	}
 	str(schema.EnvSink, &c.Sink)
 	str(schema.EnvResume, &c.Resume)
 	c.SeqPath = getenv(schema.EnvSeqPath)

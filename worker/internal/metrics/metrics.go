@@ -65,6 +65,13 @@ type Counters struct {
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
 	SecretErrors  atomic.Int64 // secret references that could not be resolved
+
+	// Planned handoffs (docs/HANDOFF.md).
+	Handoffs         atomic.Int64 // leases this worker transferred to another
+	HandoffFallbacks atomic.Int64 // handoffs that ended in a release instead
+	HandoffsTaken    atomic.Int64 // leases taken over from a committed standby
+	HandoffsAdopted  atomic.Int64 // leases taken up from the table (no usable standby, or no commit)
+	StandbyOverflows atomic.Int64 // standbys given up because their buffer filled
 }
 
 // WriteText writes the counters as "name value" lines (Prometheus text format).
@@ -116,6 +123,11 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},
+		{"sockfleet_handoffs_total", &c.Handoffs},
+		{"sockfleet_handoff_fallbacks_total", &c.HandoffFallbacks},
+		{"sockfleet_handoffs_taken_total", &c.HandoffsTaken},
+		{"sockfleet_handoffs_adopted_total", &c.HandoffsAdopted},
+		{"sockfleet_standby_overflows_total", &c.StandbyOverflows},
 	}
 	for _, r := range rows {
 		if _, err := fmt.Fprintf(w, "%s %d\n", r.name, r.v.Load()); err != nil {

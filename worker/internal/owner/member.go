@@ -121,7 +121,7 @@ func (mem *membership) valid() bool {
 func (mem *membership) worker(draining bool) codec.Worker {
 	m := mem.m
 	m.mu.Lock()
-	load := len(m.conns) + len(m.acquiring)
+	load := m.loadLocked()
 	m.mu.Unlock()
 	return codec.Worker{
 		ID: m.cfg.WorkerID, Addr: m.cfg.Addr, Capacity: m.cfg.MaxConnections, Load: load, Draining: draining,

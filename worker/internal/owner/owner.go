@@ -29,6 +29,16 @@
 //   - A wakeup about a lease this worker holds is answered after a conditional write
 //     that reads the item, never from memory.
 //   - Run joins every goroutine it started, including connection goroutines.
+//   - Planned handoff (stream mode, Config.Handoff; handoff.go, docs/HANDOFF.md):
+//     the old owner stops delivering (its stream returns, everything read delivered)
+//     before the one conditional write that transfers the lease, and the new owner
+//     delivers only after it learns the new version (the commit, or the item read
+//     with a conditional write), dropping what the old owner delivered. So at most
+//     one worker delivers a connection at a time, and a handoff skips no sequence and
+//     repeats none. Two upstream sockets may be open at once for at most the prepare
+//     timeout plus the cut (the old stream's last flush and close). A handoff that
+//     cannot be prepared ends in the release above, saying why in status_error; a
+//     drain hands off first and releases what is left, within DrainTimeout.
 //
 // Non-guarantees: delivery is at least once. Messages delivered after the last
 // checkpoint are delivered again by the next owner if this worker dies without
@@ -153,6 +163,9 @@ type Config struct {
 	// RenewDeadline then time the worker's membership lease, not its connections',
 	// which are never renewed. See member.go.
 	Member *MemberConfig
+	// Handoff (stream mode; nil: drain releases, handoff wakeups are refused):
+	// planned handoffs make-before-break, see handoff.go and docs/HANDOFF.md.
+	Handoff *HandoffConfig
 }
 
 // Manager owns this worker's leases.
@@ -174,6 +187,7 @@ type Manager struct {
 	running   atomic.Bool
 
 	mem *membership // nil in polling mode
+	ho  *handoffs   // nil unless planned handoffs are on (stream mode)
 }
 
 // owned is one held lease and its stream.
@@ -191,6 +205,14 @@ type owned struct {
 	renewedAt atomic.Int64
 
 	done chan struct{} // closed when its session has ended
+
+	// Planned handoff (handoff.go): set once a handoff of this lease began; the
+	// target once its standby is ready (read by the session's cut-over); why it fell
+	// back to a release; whether the transfer was written.
+	handing     atomic.Bool
+	target      atomic.Pointer[codec.Worker]
+	fallback    atomic.Pointer[string]
+	transferred atomic.Bool
 	// Membership mode, under renewMu: when the last checkpoint was written (monotonic,
 	// since Manager.started) and the last_seq it carried.
 	checkpointAt int64
@@ -245,6 +267,16 @@ func New(cfg Config) (*Manager, error) {
 		}
 		m.mem = mem
 	}
+	if cfg.Handoff != nil {
+		if m.mem == nil {
+			return nil, errors.New("owner config: planned handoffs need stream mode (membership)")
+		}
+		ho, err := newHandoffs(cfg.Handoff)
+		if err != nil {
+			return nil, err
+		}
+		m.ho = ho
+	}
 	return m, nil
 }
 
@@ -287,8 +319,9 @@ func (m *Manager) Healthy() error {
 }
 
 // Run registers the worker, renews every interval until ctx is cancelled, then
-// drains: it marks the worker draining, stops every connection, releases each lease
-// with its final checkpoint, and deletes the registry item, all within DrainTimeout.
+// drains: it marks the worker draining, hands connections off to live workers (if
+// handoffs are on), stops every other connection, releases each lease with its
+// final checkpoint, and deletes the registry item, all within DrainTimeout.
 // It returns after every goroutine it started has exited.
 func (m *Manager) Run(ctx context.Context) error {
 	if m.mem != nil {
@@ -521,6 +554,12 @@ func (m *Manager) start(l lease.Lease, t0 time.Time) {
 func (m *Manager) session(o *owned) {
 	defer close(o.done)
 	o.s.Run(o.ctx)
+	m.finish(o)
+}
+
+// finish ends o's session after its stream returned: it gives the lease back, hands
+// it over (a planned handoff) or leaves it, by the cause.
+func (m *Manager) finish(o *owned) {
 	if sq, ok := o.s.(sequenced); ok && o.ctx.Err() == nil && sq.Halted() != nil {
 		if o.timer != nil {
 			o.timer.Stop()
@@ -536,6 +575,9 @@ func (m *Manager) session(o *owned) {
 	cause := context.Cause(o.ctx)
 	m.mu.Lock()
 	delete(m.conns, o.lease.ID)
+	if m.ho != nil {
+		m.ho.ended[o.lease.ID] = max(m.ho.ended[o.lease.ID], o.lease.Version)
+	}
 	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
 	m.mu.Unlock()
 	if errors.Is(cause, errLost) || errors.Is(cause, errDeleted) {
@@ -543,6 +585,11 @@ func (m *Manager) session(o *owned) {
 	}
 	p := progress(o) // draining: the store's default "released"
 	switch {
+	case errors.Is(cause, errHandingOff):
+		m.cutOver(o, p)
+		return
+	case errors.Is(cause, errHandoffFallback):
+		p.Error = "handoff: " + *o.fallback.Load() + "; released for the next owner (release-then-acquire)"
 	case errors.Is(cause, errHalted):
 		p.Status, p.Error, p.Stop = schema.StatusSeqReset, cause.Error(), true
 	case cause == errSpecChanged:
@@ -603,6 +650,16 @@ func (m *Manager) drain() error {
 		m.mem.renew(rctx) // draining = true, at once rather than at the next tick
 	}
 	rcancel()
+	if m.ho != nil && !m.mem.expelled.Load() {
+		m.dropStandbys()
+		// Hand off first, make-before-break, leaving time for the releases of what
+		// could not be handed off.
+		stopBy := deadline.Add(-m.cfg.ReleaseTimeout - m.cfg.SkewMargin)
+		m.cfg.Log.Info("draining by handoff", "connections", len(list), "timeout", m.cfg.DrainTimeout)
+		hctx, hcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
+		m.drainByHandoff(hctx, list, stopBy)
+		hcancel()
+	}
 	m.cfg.Log.Info("draining", "connections", len(list), "timeout", m.cfg.DrainTimeout)
 	for _, o := range list {
 		o.cancel(errDraining)
@@ -643,7 +700,7 @@ func (m *Manager) refreshRegistry(ctx context.Context) {
 
 func (m *Manager) putRegistry(ctx context.Context, draining bool) {
 	m.mu.Lock()
-	load := len(m.conns) + len(m.acquiring)
+	load := m.loadLocked()
 	m.mu.Unlock()
 	w := codec.Worker{
 		ID: m.cfg.WorkerID, Addr: m.cfg.Addr, Capacity: m.cfg.MaxConnections, Load: load,
@@ -653,6 +710,16 @@ func (m *Manager) putRegistry(ctx context.Context, draining bool) {
 		m.cfg.Metrics.RegistryErrors.Add(1)
 		m.cfg.Log.Warn("registry refresh failed", "err", err)
 	}
+}
+
+// loadLocked is how many connections this worker holds, is taking, or stands by
+// for. Call with m.mu held.
+func (m *Manager) loadLocked() int {
+	n := len(m.conns) + len(m.acquiring)
+	if m.ho != nil {
+		n += len(m.ho.standby)
+	}
+	return n
 }
 
 // Acquire tries to take connection id and start streaming it.
@@ -665,7 +732,10 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 	case m.conns[id] != nil || m.acquiring[id]:
 		m.mu.Unlock()
 		return wakeup.AlreadyOwned, ""
-	case len(m.conns)+len(m.acquiring) >= m.cfg.MaxConnections:
+	case m.ho != nil && m.ho.standby[id] != nil:
+		m.mu.Unlock()
+		return wakeup.AlreadyOwned, "standing by for a handoff to this worker"
+	case m.loadLocked() >= m.cfg.MaxConnections:
 		m.mu.Unlock()
 		return wakeup.NoCapacity, ""
 	case m.mem != nil && !m.mem.valid():
@@ -735,12 +805,14 @@ func (m *Manager) check(ctx context.Context, o *owned) (wakeup.Result, string) {
 func (m *Manager) Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnResult {
 	out := make([]wakeup.ConnResult, len(conns))
 	sem := make(chan struct{}, m.cfg.WakeupConcurrency)
+	// One registry read per wakeup, for all its handoffs.
+	targets := sync.OnceValues(func() ([]codec.Worker, error) { return m.targets(ctx) })
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			r, detail := m.wakeOne(ctx, c)
+			r, detail := m.wakeOne(ctx, c, targets)
 			out[i] = wakeup.ConnResult{ID: c.ID, Result: r, Detail: detail}
 		})
 	}
@@ -748,13 +820,22 @@ func (m *Manager) Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnRe
 	return out
 }
 
-func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn) (wakeup.Result, string) {
+func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn, targets func() ([]codec.Worker, error)) (wakeup.Result, string) {
 	m.mu.Lock()
 	o, draining := m.conns[c.ID], m.draining
 	m.mu.Unlock()
 	switch {
 	case draining:
 		return wakeup.Draining, ""
+	case c.Reason == wakeup.Handoff:
+		return m.wakeHandoff(ctx, o, c, targets)
+	case o == nil && m.ho != nil && c.Reason == wakeup.Check:
+		// The table may name this worker after a handoff whose commit never came.
+		if r, detail, ok := m.adoptNamed(ctx, c.ID); ok {
+			return r, detail
+		}
+	}
+	switch {
 	case o != nil && c.Reason == wakeup.Check:
 		return m.check(ctx, o)
 	case o != nil:
@@ -775,5 +856,11 @@ func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn) (wakeup.Result, st
 	case c.Reason == wakeup.Check:
 		return wakeup.LostRace, "not held by this worker"
 	}
-	return m.Acquire(ctx, c.ID)
+	r, detail := m.Acquire(ctx, c.ID)
+	if r == wakeup.LostRace && m.ho != nil {
+		if r2, d2, ok := m.adoptNamed(ctx, c.ID); ok {
+			return r2, d2
+		}
+	}
+	return r, detail
 }

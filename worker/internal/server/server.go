@@ -1,10 +1,14 @@
 // Package server is the worker's HTTP listener: POST /v1/wakeup (the only way the
-// reconciler reaches a worker), GET /healthz and GET /metrics.
+// reconciler reaches a worker), POST /v1/handoff (another worker's planned handoff,
+// docs/HANDOFF.md), GET /healthz and GET /metrics.
 //
 // A wakeup is authenticated before anything else is looked at: the body (at most
 // wakeup.MaxBody bytes) must carry a valid HMAC-SHA256 signature over its timestamp,
 // the timestamp must be within ±wakeup.Window, and the signature must not have been
 // seen before. A request refused with 401, 400, 405, 413 or 503 changes no state.
+// A handoff call is authenticated the same way, with the same secret and replay
+// cache; it is answered while draining too (a draining worker refuses to prepare but
+// must still hear commits, to release what it cannot run).
 package server
 
 import (
@@ -17,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/handoff"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 )
 
@@ -27,14 +32,20 @@ type Owner interface {
 	Healthy() error
 }
 
+// Handoffs is what the listener needs to answer another worker's handoff calls.
+type Handoffs interface {
+	Handoff(ctx context.Context, r handoff.Request) handoff.Response
+}
+
 // Server serves the worker's endpoints.
 type Server struct {
-	Secret  []byte
-	Owner   Owner
-	Metrics *metrics.Counters
-	Replay  *wakeup.Replay   // default: a fresh cache
-	Now     func() time.Time // default time.Now
-	Log     *slog.Logger
+	Secret   []byte
+	Owner    Owner
+	Handoffs Handoffs // nil: POST /v1/handoff is not served
+	Metrics  *metrics.Counters
+	Replay   *wakeup.Replay   // default: a fresh cache
+	Now      func() time.Time // default time.Now
+	Log      *slog.Logger
 }
 
 // Handler returns the routes.
@@ -53,6 +64,9 @@ func (s *Server) Handler() http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+wakeup.Path, s.wakeup)
+	if s.Handoffs != nil {
+		mux.HandleFunc("POST "+handoff.Path, s.handoff)
+	}
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
@@ -68,25 +82,9 @@ func (s *Server) refuse(w http.ResponseWriter, code int, msg string, err error) 
 }
 
 func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, wakeup.MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			s.refuse(w, http.StatusRequestEntityTooLarge, "body too large", err)
-			return
-		}
-		s.refuse(w, http.StatusBadRequest, "cannot read body", err)
-		return
-	}
-	now := s.Now()
-	sig := r.Header.Get(wakeup.HeaderSignature)
-	if err := wakeup.Verify(s.Secret, now, r.Header.Get(wakeup.HeaderTimestamp), sig, body); err != nil {
-		s.refuse(w, http.StatusUnauthorized, "unauthorized", err) // no detail for an unauthenticated caller
-		return
-	}
-	if s.Replay.Seen(sig, now) {
-		s.refuse(w, http.StatusUnauthorized, "unauthorized", errors.New("replayed signature"))
-		return
+	body, ok := s.authentic(w, r, wakeup.MaxBody)
+	if !ok {
+		return // no detail for an unauthenticated caller
 	}
 	req, err := wakeup.DecodeRequest(body)
 	if err != nil {
@@ -105,6 +103,45 @@ func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
 	s.Metrics.Wakeups.Add(1)
 	resp := wakeup.Response{V: wakeup.Version, Results: s.Owner.Wake(r.Context(), req.Conns)}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// authentic reads a signed body of at most limit bytes, answering the refusal itself
+// when it is not acceptable.
+func (s *Server) authentic(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			s.refuse(w, http.StatusRequestEntityTooLarge, "body too large", err)
+			return nil, false
+		}
+		s.refuse(w, http.StatusBadRequest, "cannot read body", err)
+		return nil, false
+	}
+	now := s.Now()
+	sig := r.Header.Get(wakeup.HeaderSignature)
+	if err := wakeup.Verify(s.Secret, now, r.Header.Get(wakeup.HeaderTimestamp), sig, body); err != nil {
+		s.refuse(w, http.StatusUnauthorized, "unauthorized", err)
+		return nil, false
+	}
+	if s.Replay.Seen(sig, now) {
+		s.refuse(w, http.StatusUnauthorized, "unauthorized", errors.New("replayed signature"))
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *Server) handoff(w http.ResponseWriter, r *http.Request) {
+	body, ok := s.authentic(w, r, handoff.MaxBody)
+	if !ok {
+		return
+	}
+	req, err := handoff.DecodeRequest(body)
+	if err != nil {
+		s.refuse(w, http.StatusBadRequest, err.Error(), err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.Handoffs.Handoff(r.Context(), req))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,167 @@
+package fleet
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Collector is an HTTP sink for a fleet's workers (SOCKFLEET_SINK=c.URL(id)). It
+// records, in one order across all workers, which worker delivered each message and
+// when it arrived, so a check can tell "two sockets, one delivering" (allowed during
+// a handoff or rotation; counted from the upstream's log, see Overlaps) from "two
+// delivering" (never allowed).
+type Collector struct {
+	ln  net.Listener
+	srv *http.Server
+
+	mu   sync.Mutex
+	rows map[string][]Arrival
+}
+
+// Arrival is one delivered message.
+type Arrival struct {
+	Worker string
+	Seq    int64
+	At     time.Time
+}
+
+// NewCollector listens on a free local port.
+func NewCollector() (*Collector, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	c := &Collector{ln: ln, rows: map[string][]Arrival{}}
+	c.srv = &http.Server{Handler: http.HandlerFunc(c.serve), ReadHeaderTimeout: 5 * time.Second}
+	go c.srv.Serve(ln)
+	return c, nil
+}
+
+// URL is the sink URL of worker id.
+func (c *Collector) URL(id string) string { return "http://" + c.ln.Addr().String() + "/w/" + id }
+
+// Close stops the listener.
+func (c *Collector) Close() error { return c.srv.Close() }
+
+func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
+	worker, ok := strings.CutPrefix(r.URL.Path, "/w/")
+	body, err := io.ReadAll(r.Body)
+	if !ok || worker == "" || err != nil {
+		http.Error(w, "want POST /w/<worker>", http.StatusBadRequest)
+		return
+	}
+	var batch []struct {
+		Conn string `json:"conn"`
+		Seq  int64  `json:"seq"`
+		Bad  bool   `json:"bad"`
+	}
+	if err := json.Unmarshal(body, &batch); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	now := time.Now()
+	for _, m := range batch {
+		if !m.Bad {
+			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now})
+		}
+	}
+	c.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Arrivals returns what arrived for connection id, in arrival order.
+func (c *Collector) Arrivals(id string) []Arrival {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Arrival(nil), c.rows[id]...)
+}
+
+// Stint is a run of deliveries by one worker, in arrival order.
+type Stint struct {
+	Worker      string
+	First, Last int64 // sequences
+	From, To    time.Time
+}
+
+// Stints splits arrivals into runs by worker.
+func Stints(arr []Arrival) []Stint {
+	var out []Stint
+	for _, a := range arr {
+		if n := len(out); n > 0 && out[n-1].Worker == a.Worker {
+			out[n-1].Last, out[n-1].To = a.Seq, a.At
+			continue
+		}
+		out = append(out, Stint{Worker: a.Worker, First: a.Seq, Last: a.Seq, From: a.At, To: a.At})
+	}
+	return out
+}
+
+// CheckSerial checks the invariant of planned moves (handoffs, and releases that
+// carry the final checkpoint): in arrival order, across all workers, every sequence
+// is the one after the previous: no gap, no duplicate, and so never two workers
+// delivering at once (two deliverers would repeat each other's sequences). It also
+// returns the gaps between stints: the time from the old owner's last delivery to
+// the new owner's first.
+func CheckSerial(arr []Arrival) ([]time.Duration, error) {
+	var gaps []time.Duration
+	for i := 1; i < len(arr); i++ {
+		p, a := arr[i-1], arr[i]
+		if a.Seq != p.Seq+1 {
+			return gaps, fmt.Errorf("%s delivered %d right after %s delivered %d: a gap, a duplicate or two deliverers", a.Worker, a.Seq, p.Worker, p.Seq)
+		}
+		if a.Worker != p.Worker {
+			gaps = append(gaps, a.At.Sub(p.At))
+		}
+	}
+	return gaps, nil
+}
+
+// CheckOneDeliverer is the invariant of every run, crashes included (where a new
+// owner may repeat what the old one delivered after its last checkpoint): no gap, and
+// never two workers delivering at once. A new owner resumes from a checkpoint: at or
+// below the furthest sequence delivered, plus one. Two workers delivering at once
+// show as stints that alternate, each going on from its own last sequence across the
+// other's stint; that is reported, in either order of the two.
+func CheckOneDeliverer(arr []Arrival) error {
+	var furthest int64
+	across := map[[2]string]bool{} // {w, x}: w went on from its own numbering after x delivered
+	stints := Stints(arr)
+	for i, s := range stints {
+		if i > 0 && s.First > furthest+1 {
+			return fmt.Errorf("%s began at %d, past the furthest delivered %d: a gap", s.Worker, s.First, furthest)
+		}
+		if i > 0 && resumesOwn(arr, s) {
+			x := stints[i-1].Worker
+			across[[2]string{s.Worker, x}] = true
+			if across[[2]string{x, s.Worker}] {
+				return fmt.Errorf("%s and %s each went on from their own sequences across the other's deliveries (at %d): two deliverers", s.Worker, x, s.First)
+			}
+		}
+		furthest = max(furthest, s.Last)
+	}
+	return nil
+}
+
+// resumesOwn reports whether stint s continues its worker's own earlier numbering
+// exactly (its first sequence is one past the last it delivered before), which a
+// new acquisition, resuming from a checkpoint, does not do when another worker
+// delivered in between.
+func resumesOwn(arr []Arrival, s Stint) bool {
+	last := int64(-1)
+	for _, a := range arr {
+		if !a.At.Before(s.From) {
+			break
+		}
+		if a.Worker == s.Worker {
+			last = a.Seq
+		}
+	}
+	return last >= 0 && s.First == last+1
+}

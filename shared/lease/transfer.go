@@ -1,0 +1,60 @@
+package lease
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// StatusHandedOff is the status a Transfer writes: the lease was handed to its new
+// owner by the old one (status_error says from whom, at which version).
+const StatusHandedOff = "handed_off"
+
+// Transfer hands l to worker to in one write, conditioned on lease_owner = l.Owner AND
+// lease_version = l.Version AND desired_state = STARTED (docs/HANDOFF.md): owner = to,
+// a new fencing version from the same hybrid logical clock as Acquire (at least
+// l.Version + 1 and at least the wall clock in ms), last_seq and epoch from p,
+// moved_at_ms = now, status handed_off, and the expiry an acquire writes (in stream
+// mode schema.LeaseHeldByMember: the lease lasts as long as to's membership). It
+// returns the new lease, as to holds it.
+//
+// The caller must have stopped delivering at p.LastSeq before calling: from the write
+// on, only to may deliver. ErrLost: not l's owner at l.Version any more (nothing
+// written); ErrNotStarted: the connection was stopped (nothing written: release it as
+// for any stop); ErrUnavailable: the outcome is unknown even after a read-back, and
+// the caller must assume neither owner holds it safely (see docs/HANDOFF.md).
+// An ambiguous outcome is resolved by reading the item back; an operator's edit of
+// the lease fields is repaired as for every owner write.
+func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress) (Lease, error) {
+	if err := validIDs(l.ID, to); err != nil {
+		return Lease{}, fmt.Errorf("transfer %s: %w", l.ID, err)
+	}
+	if to == l.Owner {
+		return Lease{}, fmt.Errorf("transfer %s: %w: to its own owner %s", l.ID, ErrInvalid, to)
+	}
+	now := s.nowMs()
+	nv := max(l.Version+1, now)
+	exp := s.expiry(now)
+	note := fmt.Sprintf("handed off from %s (version %d)", l.Owner, l.Version)
+	set := "SET #o = :to, #v = :nv, #e = :exp, #ls = :seq, #ma = :now, #st = :st, #sa = :now, #se = :se"
+	vals := map[string]types.AttributeValue{
+		":to": codec.S(to), ":nv": codec.N(nv), ":exp": codec.N(exp), ":seq": codec.N(p.LastSeq),
+		":now": codec.N(now), ":st": codec.S(StatusHandedOff), ":se": codec.S(note),
+		":started": codec.S(string(schema.Started)),
+	}
+	if p.Epoch != 0 {
+		set += ", #qe = :qe"
+		vals[":qe"] = codec.N(p.Epoch)
+	}
+	c, err := s.ownerWriteIf(ctx, "transfer", l, set, "#d = :started", vals, func(c codec.Connection) bool {
+		return c.LeaseOwner == to && c.LeaseVersion == nv && c.LastSeq == p.LastSeq
+	})
+	if err != nil {
+		return Lease{}, err
+	}
+	return Lease{ID: l.ID, Owner: to, Version: nv, ExpiresAtMs: exp, WSURL: c.WSURL, LastSeq: p.LastSeq,
+		Spec: c.Spec, Epoch: c.Epoch}, nil
+}

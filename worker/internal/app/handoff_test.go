@@ -1,0 +1,450 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/sink"
+)
+
+// ledger records every acknowledged message of every worker in one order, so a test
+// can see who delivered what, and whether two workers ever delivered the same
+// connection in interleaved stretches.
+type ledger struct {
+	mu   sync.Mutex
+	rows map[string][]delivery
+}
+
+type delivery struct {
+	worker string
+	seq    int64
+	at     time.Time
+}
+
+type ledgerSink struct {
+	l      *ledger
+	worker string
+}
+
+func (s ledgerSink) Write(_ context.Context, b []sink.Message) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.rows == nil {
+		s.l.rows = map[string][]delivery{}
+	}
+	now := time.Now()
+	for _, m := range b {
+		s.l.rows[m.Conn] = append(s.l.rows[m.Conn], delivery{worker: s.worker, seq: m.Seq, at: now})
+	}
+	return nil
+}
+
+func (ledgerSink) Close() error { return nil }
+
+func (l *ledger) get(id string) []delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]delivery(nil), l.rows[id]...)
+}
+
+func (l *ledger) count(id, worker string) int {
+	n := 0
+	for _, d := range l.get(id) {
+		if d.worker == worker {
+			n++
+		}
+	}
+	return n
+}
+
+// check asserts that id's deliveries are contiguous from their first (no missing, no
+// duplicate) and that each worker's deliveries form one unbroken stretch: delivery by
+// two owners never interleaves. It returns the stretches' workers in order and the
+// gaps between them.
+func (l *ledger) check(t *testing.T, id string) ([]string, []time.Duration) {
+	t.Helper()
+	rows := l.get(id)
+	if len(rows) == 0 {
+		t.Fatalf("%s: nothing delivered", id)
+	}
+	var owners []string
+	var gaps []time.Duration
+	for i, d := range rows {
+		if i > 0 && d.seq != rows[i-1].seq+1 {
+			t.Fatalf("%s: %s delivered %d after %s delivered %d: a gap or a duplicate", id, d.worker, d.seq, rows[i-1].worker, rows[i-1].seq)
+		}
+		if i == 0 || d.worker != rows[i-1].worker {
+			for _, o := range owners {
+				if o == d.worker {
+					t.Fatalf("%s: %s delivered again at %d after another owner: interleaved delivery (%v)", id, d.worker, d.seq, owners)
+				}
+			}
+			owners = append(owners, d.worker)
+			if i > 0 {
+				gaps = append(gaps, d.at.Sub(rows[i-1].at))
+			}
+		}
+	}
+	return owners, gaps
+}
+
+func (e *env) handoffWorker(id string, l *ledger, o opts) *worker {
+	o.sink = ledgerSink{l: l, worker: id}
+	return e.worker(id, o)
+}
+
+func (e *env) wakeHandoff(w *worker, id, to string) wakeup.ConnResult {
+	e.t.Helper()
+	req := wakeup.Request{Conns: []wakeup.Conn{{ID: id, LeaseVersion: e.get(id).LeaseVersion, Reason: wakeup.Handoff, To: to}}}
+	resp, err := (&wakeup.Client{Secret: secret}).Send(context.Background(), w.Addr(), req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.Results[0]
+}
+
+// A handoff wakeup moves a streaming connection to the named worker make-before-
+// break: no missing and no duplicate sequence at the sink, the two workers'
+// deliveries never interleave, the table names the new owner at a higher version
+// with moved_at_ms, and the gap is far below a dial.
+func TestHandoffMovesWithoutGap(t *testing.T) {
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	w2 := e.handoffWorker("w2", &l, opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+	before := e.get("c1")
+	e.up.ResetMax("c1")
+	if r := e.wakeHandoff(w1, "c1", "w2"); r.Result != wakeup.HandingOff {
+		t.Fatalf("handoff wakeup: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 50 })
+	owners, gaps := l.check(t, "c1")
+	if len(owners) != 2 || owners[0] != "w1" || owners[1] != "w2" {
+		t.Fatalf("deliverers %v, want w1 then w2", owners)
+	}
+	c := e.get("c1")
+	if c.LeaseOwner != "w2" || c.LeaseVersion <= before.LeaseVersion || c.MovedAtMs == 0 {
+		t.Fatalf("item after the handoff: %+v (before %+v)", c, before)
+	}
+	if st := e.up.Stats("c1"); st.Clients != 1 || st.MaxClients > 2 {
+		t.Fatalf("upstream clients now %d, at most %d: want 1 now and at most 2 during the overlap", st.Clients, st.MaxClients)
+	}
+	if w1.Metrics.Handoffs.Load() != 1 || w2.Metrics.HandoffsTaken.Load() != 1 {
+		t.Fatalf("handoffs %d, taken %d", w1.Metrics.Handoffs.Load(), w2.Metrics.HandoffsTaken.Load())
+	}
+	t.Logf("gap between the last delivery of w1 and the first of w2: %s (upstream interval %s)", gaps[0], time.Second/rate)
+	// The new owner checkpoints and releases as any owner.
+	if err := w2.stop(); err != nil {
+		t.Fatal(err)
+	}
+	rows := l.get("c1")
+	if c := e.get("c1"); c.Owned() || c.LastSeq != rows[len(rows)-1].seq {
+		t.Fatalf("after w2's drain: %+v, last delivered %d", c, rows[len(rows)-1].seq)
+	}
+}
+
+// A handoff wakeup is refused for a target that is not a live, non-draining worker
+// with room, for itself, and for a lease version that is not the one held.
+func TestHandoffWakeupRefusals(t *testing.T) {
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 10 })
+	v := e.get("c1").LeaseVersion
+	send := func(c wakeup.Conn) wakeup.ConnResult {
+		resp, err := (&wakeup.Client{Secret: secret}).Send(context.Background(), w1.Addr(), wakeup.Request{Conns: []wakeup.Conn{c}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Results[0]
+	}
+	e.putWorker(codec.Worker{ID: "wd", Addr: "127.0.0.1:1", Capacity: 10, Draining: true, HeartbeatExpiresAtMs: time.Now().Add(time.Minute).UnixMilli()})
+	e.putWorker(codec.Worker{ID: "wf", Addr: "127.0.0.1:1", Capacity: 10, Load: 10, HeartbeatExpiresAtMs: time.Now().Add(time.Minute).UnixMilli()})
+	e.putWorker(codec.Worker{ID: "wx", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: time.Now().Add(-time.Minute).UnixMilli()})
+	for _, tc := range []struct {
+		name string
+		c    wakeup.Conn
+		want wakeup.Result
+	}{
+		{"itself", wakeup.Conn{ID: "c1", LeaseVersion: v, Reason: wakeup.Handoff, To: "w1"}, wakeup.TargetUnavailable},
+		{"unknown", wakeup.Conn{ID: "c1", LeaseVersion: v, Reason: wakeup.Handoff, To: "nobody"}, wakeup.TargetUnavailable},
+		{"draining", wakeup.Conn{ID: "c1", LeaseVersion: v, Reason: wakeup.Handoff, To: "wd"}, wakeup.TargetUnavailable},
+		{"full", wakeup.Conn{ID: "c1", LeaseVersion: v, Reason: wakeup.Handoff, To: "wf"}, wakeup.TargetUnavailable},
+		{"lapsed", wakeup.Conn{ID: "c1", LeaseVersion: v, Reason: wakeup.Handoff, To: "wx"}, wakeup.TargetUnavailable},
+		{"stale version", wakeup.Conn{ID: "c1", LeaseVersion: v - 1, Reason: wakeup.Handoff, To: "wd"}, wakeup.Stale},
+		{"not held", wakeup.Conn{ID: "c9", LeaseVersion: v, Reason: wakeup.Handoff, To: "wd"}, wakeup.LostRace},
+	} {
+		if r := send(tc.c); r.Result != tc.want {
+			t.Errorf("%s: %+v, want %s", tc.name, r, tc.want)
+		}
+	}
+	if c := e.get("c1"); c.LeaseOwner != "w1" || c.LeaseVersion != v {
+		t.Fatalf("a refused handoff changed the item: %+v", c)
+	}
+	n := l.count("c1", "w1")
+	waitFor(t, 5*time.Second, "w1 still streaming", func() bool { return l.count("c1", "w1") > n+10 })
+}
+
+func (e *env) putWorker(w codec.Worker) {
+	e.t.Helper()
+	if _, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table, Item: codec.EncodeWorker(w)}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// commitProxy sits in front of a worker's listener and can fail its handoff commits
+// (calling onCommit first), as when the old owner dies between transfer and commit.
+type commitProxy struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	target   string
+	onCommit func() // nil: pass commits through
+}
+
+func newCommitProxy(t *testing.T) *commitProxy {
+	p := &commitProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		p.mu.Lock()
+		target, hook := p.target, p.onCommit
+		p.mu.Unlock()
+		if hook != nil && bytes.Contains(body, []byte(`"op":"commit"`)) {
+			hook()
+			http.Error(w, "commit lost by test", http.StatusBadGateway)
+			return
+		}
+		u, _ := url.Parse("http://" + target)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		httputil.NewSingleHostReverseProxy(u).ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+func (p *commitProxy) addr() string { return strings.TrimPrefix(p.srv.URL, "http://") }
+
+func (p *commitProxy) advertise(real string) string {
+	p.mu.Lock()
+	p.target = real
+	p.mu.Unlock()
+	return p.addr()
+}
+
+// Every way a handoff can fail ends with the connection streaming and no sequence
+// lost: the old owner releases (the next owner resumes from its checkpoint), or the
+// target takes the lease up from the table.
+func TestHandoffFallbacks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// setup returns the target's id; after runs once the handoff was asked for.
+		setup func(e *env, l *ledger) (to string, target *worker)
+		after func(e *env, l *ledger, target *worker)
+		// wantStatus: the status_error left by a fallback release ("": none).
+		wantStatus string
+	}{
+		{
+			name: "target unreachable",
+			setup: func(e *env, l *ledger) (string, *worker) {
+				e.putWorker(codec.Worker{ID: "w9", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: time.Now().Add(time.Minute).UnixMilli()})
+				return "w9", nil
+			},
+			wantStatus: "handoff: prepare at w9",
+		},
+		{
+			name: "standby overflow",
+			setup: func(e *env, l *ledger) (string, *worker) {
+				return "w2", e.handoffWorker("w2", l, opts{standbyMax: 1})
+			},
+			after: func(e *env, l *ledger, w2 *worker) {
+				if w2.Metrics.StandbyOverflows.Load() == 0 {
+					e.t.Fatal("the standby never overflowed")
+				}
+			},
+		},
+		{
+			name: "old owner gone between transfer and commit",
+			setup: func(e *env, l *ledger) (string, *worker) {
+				p := newCommitProxy(e.t)
+				p.onCommit = func() {}
+				return "w2", e.handoffWorker("w2", l, opts{advertise: p.advertise})
+			},
+		},
+		{
+			name: "target killed after prepare",
+			setup: func(e *env, l *ledger) (string, *worker) {
+				p := newCommitProxy(e.t)
+				var w2 *worker
+				p.onCommit = func() {
+					w2.cut.mode.Store(fail) // it dies without a word to the table
+					go w2.stop()
+				}
+				w2 = e.handoffWorker("w2", l, opts{advertise: p.advertise})
+				return "w2", w2
+			},
+			after: func(e *env, l *ledger, w2 *worker) {
+				waitFor(e.t, 5*time.Second, "w2 gone", func() bool { return w2.Manager.Draining() })
+				w2.stop()
+				// Its membership lapses; the reaper releases what the table says it holds.
+				if _, err := e.store.ReleaseAllOwnedBy(context.Background(), "w2"); err != nil {
+					e.t.Fatal(err)
+				}
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, rate)
+			e.putConn("c1", schema.Started)
+			var l ledger
+			w1 := e.handoffWorker("w1", &l, opts{})
+			to, target := tc.setup(e, &l)
+			e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+			waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+			if r := e.wakeHandoff(w1, "c1", to); r.Result != wakeup.HandingOff {
+				t.Fatalf("handoff wakeup: %+v", r)
+			}
+			waitFor(t, 10*time.Second, "the handoff to end", func() bool {
+				c := e.get("c1")
+				return !c.Owned() || c.LeaseOwner == to
+			})
+			if tc.after != nil {
+				tc.after(e, &l, target)
+			}
+			if c := e.get("c1"); tc.wantStatus != "" && !strings.Contains(c.StatusError, tc.wantStatus) {
+				t.Fatalf("status_error %q, want it to say %q", c.StatusError, tc.wantStatus)
+			}
+			// Released: the reconciler would wake a worker; wake w1.
+			if c := e.get("c1"); !c.Owned() {
+				if r := e.wake(w1, wakeup.NeedsOwner, c.LeaseVersion, "c1"); r[0].Result != wakeup.Acquired {
+					t.Fatalf("re-acquire after the fallback: %+v", r)
+				}
+			}
+			n := len(l.get("c1"))
+			waitFor(t, 10*time.Second, "streaming again", func() bool { return len(l.get("c1")) >= n+50 })
+			owners, gaps := l.check(t, "c1")
+			c := e.get("c1")
+			t.Logf("deliverers %v, gaps %v; item owner %s status %q %q", owners, gaps, c.LeaseOwner, c.Status, c.StatusError)
+		})
+	}
+}
+
+// With resume none the upstream cannot be resumed: the old owner does not prepare a
+// standby and releases, saying that the handoff was a release-then-acquire.
+func TestHandoffResumeNoneIsReleaseThenAcquire(t *testing.T) {
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{resume: "none"})
+	w2 := e.handoffWorker("w2", &l, opts{resume: "none"})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 20 })
+	if r := e.wakeHandoff(w1, "c1", "w2"); r.Result != wakeup.HandingOff {
+		t.Fatalf("handoff wakeup: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "released", func() bool { return !e.get("c1").Owned() })
+	c := e.get("c1")
+	if !strings.Contains(c.StatusError, "release-then-acquire") || c.Status != "released" {
+		t.Fatalf("status %q %q: want it to say release-then-acquire", c.Status, c.StatusError)
+	}
+	if w1.Metrics.HandoffFallbacks.Load() != 1 || w2.Metrics.HandoffsTaken.Load() != 0 {
+		t.Fatalf("fallbacks %d, taken %d", w1.Metrics.HandoffFallbacks.Load(), w2.Metrics.HandoffsTaken.Load())
+	}
+	if r := e.wake(w2, wakeup.NeedsOwner, c.LeaseVersion, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("acquire by w2: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
+}
+
+// A drain hands every connection to the live workers, spread by load, make-before-
+// break; with handoffs off it releases them as before.
+func TestDrainByHandoff(t *testing.T) {
+	e := newEnv(t, rate)
+	ids := []string{"c1", "c2", "c3", "c4", "c5", "c6"}
+	for _, id := range ids {
+		e.putConn(id, schema.Started)
+	}
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, ids...)
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool {
+		for _, id := range ids {
+			if l.count(id, "w1") < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	w2 := e.handoffWorker("w2", &l, opts{})
+	w3 := e.handoffWorker("w3", &l, opts{})
+	if err := w1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, id := range ids {
+		c := e.get(id)
+		if c.LeaseOwner != "w2" && c.LeaseOwner != "w3" || c.Status != "handed_off" {
+			t.Fatalf("%s after the drain: %+v", id, c)
+		}
+		got[c.LeaseOwner]++
+	}
+	if got["w2"] != 3 || got["w3"] != 3 {
+		t.Fatalf("spread %v, want 3 each", got)
+	}
+	waitFor(t, 5*time.Second, "streaming at the new owners", func() bool {
+		for _, id := range ids {
+			if l.count(id, e.get(id).LeaseOwner) < 20 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, id := range ids {
+		owners, gaps := l.check(t, id)
+		if len(owners) != 2 {
+			t.Fatalf("%s: deliverers %v", id, owners)
+		}
+		t.Logf("%s: %v, gap %s", id, owners, gaps[0])
+	}
+	if n := w2.Metrics.HandoffsTaken.Load() + w3.Metrics.HandoffsTaken.Load(); n != int64(len(ids)) {
+		t.Fatalf("%d taken over from standbys, want %d", n, len(ids))
+	}
+	// Handoffs off: the drain releases, as before, even with a live worker to hand to.
+	for _, w := range []*worker{w2, w3} {
+		if err := w.stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w4 := e.handoffWorker("w4", &l, opts{noHandoff: true})
+	for _, id := range ids {
+		if r := e.wake(w4, wakeup.NeedsOwner, 0, id); r[0].Result != wakeup.Acquired {
+			t.Fatalf("w4 wake %s: %+v (%+v)", id, r, e.get(id))
+		}
+	}
+	e.handoffWorker("w5", &l, opts{})
+	waitFor(t, 5*time.Second, "w4 streaming", func() bool { return l.count("c1", "w4") >= 20 })
+	if err := w4.stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if c := e.get(id); c.Owned() || c.Status != "released" {
+			t.Fatalf("%s after a drain with handoffs off: %+v", id, c)
+		}
+	}
+}
