@@ -40,6 +40,8 @@ type fleetSpec struct {
 	Size           int     // upstream payload bytes
 	// RestartDelay is how long the supervisor takes to replace an exited worker.
 	RestartDelay time.Duration
+	// Env, if set, adds settings of the worker with id (after the ones above).
+	Env func(id string) []string
 }
 
 // benchFleet is a running fleet: its own engine, table, upstream, metering proxies
@@ -92,13 +94,16 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		Dir: dir, Endpoint: f.engine.Endpoint, WorkerEndpoint: f.workers.Endpoint(), Table: f.table,
 		Cluster: "bench", Secret: "bench-secret-0123456789abcdef", Workers: spec.Workers,
 		WorkerBin: bins.Worker, Restart: true, RestartDelay: spec.RestartDelay, Log: log,
-		WorkerEnv: func(int, string) []string {
+		WorkerEnv: func(_ int, id string) []string {
 			env := []string{schema.EnvLogLevel + "=info"}
 			if spec.MaxConnections > 0 {
 				env = append(env, schema.EnvMaxConnections+"="+strconv.Itoa(spec.MaxConnections))
 			}
 			if spec.Mode == schema.ModePolling {
 				env = append(env, schema.EnvMode+"="+schema.ModePolling)
+			}
+			if spec.Env != nil {
+				env = append(env, spec.Env(id)...)
 			}
 			return env
 		},

@@ -64,6 +64,15 @@ func main() {
 		return
 	}
 
+	if *deployOnly { // handoff.go
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := runDeploy(ctx, *out, *deployConns, *deployRate); err != nil {
+			fmt.Fprintln(os.Stderr, "sockfleet-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	o := options{trials: *trials, out: *out, window: *window, smallConns: 30, massConns: *massConns, massCap: 300, keep: *keep, restartDelay: *restart}
 	if *quick {
 		o.trials, o.window, o.smallConns = 2, 20*time.Second, 9

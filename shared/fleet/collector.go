@@ -29,6 +29,7 @@ type Arrival struct {
 	Worker string
 	Seq    int64
 	At     time.Time
+	TS     int64 // the demo upstream's production time of the message (data.ts, unix ms); 0 if none
 }
 
 // NewCollector listens on a free local port.
@@ -60,6 +61,9 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 		Conn string `json:"conn"`
 		Seq  int64  `json:"seq"`
 		Bad  bool   `json:"bad"`
+		Data struct {
+			TS int64 `json:"ts"`
+		} `json:"data"`
 	}
 	if err := json.Unmarshal(body, &batch); err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
@@ -69,7 +73,7 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	for _, m := range batch {
 		if !m.Bad {
-			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now})
+			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now, TS: m.Data.TS})
 		}
 	}
 	c.mu.Unlock()

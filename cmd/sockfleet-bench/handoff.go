@@ -1,0 +1,178 @@
+package main
+
+// The rolling-deploy scenario (issue 13, docs/HANDOFF.md): a stream-mode fleet of 5
+// workers holding many connections, every worker replaced one at a time with
+// SIGTERM, once with planned handoffs (the default) and once with
+// SOCKFLEET_HANDOFF=off (release-then-acquire), in the same run. Every worker's sink
+// is a collector that stamps each message's arrival, so the per-connection gap of
+// each move is measured at the sink: the stall between the old owner's last message
+// and the new owner's first, their arrival spacing less their production spacing
+// (the time a consumer waited beyond the upstream's own pace).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+var (
+	deployOnly  = flag.Bool("deploy", false, "run only the rolling-deploy scenario (handoff against release-then-acquire) and print its figures")
+	deployConns = flag.Int("deploy-conns", 1000, "connections in the rolling-deploy scenario")
+	deployRate  = flag.Float64("deploy-rate", 1, "upstream messages per second per connection in the rolling-deploy scenario")
+)
+
+// DeployResult is one path of the rolling deploy.
+type DeployResult struct {
+	Path       string    `json:"path"` // handoff or release
+	Workers    int       `json:"workers"`
+	Conns      int       `json:"conns"`
+	Moves      int       `json:"moves"`
+	Missing    int64     `json:"missing"`
+	Duplicates int64     `json:"duplicates"`
+	Serial     int       `json:"serial_conns"` // connections whose arrivals were exactly 1, 2, 3, …
+	Rate       float64   `json:"rate"`
+	BaseMs     float64   `json:"base_delay_ms"` // median arrival minus production time
+	GapMs      []float64 `json:"gap_ms"`        // per move: the stall between the two owners' messages
+	DrainMs    []float64 `json:"drain_ms"`
+	OverlapMs  float64   `json:"longest_two_sockets_ms"`
+	Err        string    `json:"error,omitempty"`
+}
+
+func runDeploy(ctx context.Context, out string, conns int, rate float64) error {
+	work, err := os.MkdirTemp("", "sockfleet-deploy-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	deployLogf("building the worker and the reconciler")
+	bins, err := fleet.Build(filepath.Join(work, "bin"))
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	fmt.Printf("rolling deploy, %s, load at start %s\n", machine(), loadavg())
+	for _, path := range []string{"handoff", "release"} {
+		r := deploy(ctx, bins, filepath.Join(work, path), path, conns, rate, log)
+		printDeploy(r)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	fmt.Printf("load at end %s\n", loadavg())
+	return nil
+}
+
+func deployLogf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns int, rate float64, log *slog.Logger) *DeployResult {
+	res := &DeployResult{Path: path, Workers: 5, Conns: conns, Rate: rate}
+	col, err := fleet.NewCollector()
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer col.Close()
+	spec := fleetSpec{Mode: schema.ModeStream, Workers: 5, Conns: conns, MaxConnections: conns, Rate: rate, Size: 16,
+		RestartDelay: 2 * time.Second, Env: func(id string) []string {
+			env := []string{schema.EnvSink + "=" + col.URL(id)}
+			if path == "release" {
+				env = append(env, schema.EnvHandoff+"=off")
+			}
+			return env
+		}}
+	deployLogf("%s: starting %d workers, %d connections", path, spec.Workers, spec.Conns)
+	f, err := startFleet(ctx, bins, spec, dir, log)
+	if err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	defer f.Stop()
+	if err := f.waitSettled(ctx, 5*time.Minute); err != nil {
+		res.Err = err.Error()
+		return res
+	}
+	time.Sleep(3 * time.Second)
+	for slot := range spec.Workers {
+		p := f.stack.Sup.Get(slot)
+		start := time.Now()
+		if err := f.stack.Sup.Signal(slot, syscall.SIGTERM); err != nil {
+			res.Err = err.Error()
+			return res
+		}
+		<-p.Done()
+		res.DrainMs = append(res.DrainMs, ms1(time.Since(start)))
+		deployLogf("%s: %s drained in %s", path, p.ID, time.Since(start).Round(time.Millisecond))
+		if err := f.waitSettled(ctx, 2*time.Minute); err != nil {
+			res.Err = err.Error()
+			return res
+		}
+		time.Sleep(2 * time.Second) // the replacement registers before the next drain
+	}
+	time.Sleep(3 * time.Second) // let the sinks catch up
+	var delays []float64
+	for _, id := range f.ids {
+		arr := col.Arrivals(id)
+		if len(arr) == 0 {
+			res.Missing++
+			continue
+		}
+		seen := map[int64]bool{}
+		lo, hi := arr[0].Seq, arr[0].Seq
+		for _, a := range arr {
+			if seen[a.Seq] {
+				res.Duplicates++
+			}
+			seen[a.Seq] = true
+			lo, hi = min(lo, a.Seq), max(hi, a.Seq)
+			delays = append(delays, float64(a.At.UnixMilli()-a.TS))
+		}
+		res.Missing += hi - lo + 1 - int64(len(seen))
+		if _, err := fleet.CheckSerial(arr); err == nil {
+			res.Serial++
+		}
+		for i := 1; i < len(arr); i++ {
+			if arr[i].Worker != arr[i-1].Worker {
+				res.Moves++
+				stall := arr[i].At.Sub(arr[i-1].At) - time.Duration(arr[i].TS-arr[i-1].TS)*time.Millisecond
+				res.GapMs = append(res.GapMs, max(0, ms1(stall)))
+			}
+		}
+	}
+	slices.Sort(delays)
+	if len(delays) > 0 {
+		res.BaseMs = delays[len(delays)/2]
+	}
+	slices.Sort(res.GapMs)
+	for _, o := range fleet.Overlaps(f.up.Events()) {
+		res.OverlapMs = max(res.OverlapMs, ms1(o.Longest))
+	}
+	return res
+}
+
+func printDeploy(r *DeployResult) {
+	if r.Err != "" {
+		fmt.Printf("%s: error: %s\n", r.Path, r.Err)
+	}
+	q := func(p float64) float64 {
+		if len(r.GapMs) == 0 {
+			return 0
+		}
+		return r.GapMs[min(len(r.GapMs)-1, int(p*float64(len(r.GapMs))))]
+	}
+	fmt.Printf("%s: %d workers, %d connections, %d moves; missing %d, duplicates %d, serial %d/%d; "+
+		"%.0f msg/s each, usual delay %.0f ms; stall at a move p50 %.1f ms, p99 %.1f ms, max %.1f ms; drains %.0f ms; longest two sockets %.0f ms\n",
+		r.Path, r.Workers, r.Conns, r.Moves, r.Missing, r.Duplicates, r.Serial, r.Conns, r.Rate, r.BaseMs,
+		q(0.5), q(0.99), q(1), r.DrainMs, r.OverlapMs)
+}
