@@ -288,7 +288,13 @@ func TestChaos(t *testing.T) {
 	// worker can be cut off alone (a partition) as well as all at once (an outage).
 	// The reconciler reaches the engine directly.
 	proxies := make([]*fleet.FaultProxy, workers)
+	col, err := fleet.NewCollector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer col.Close()
 	f := startFleetWith(t, fleetOptions{
+		Collector:     col,
 		Workers:       workers,
 		Rate:          chaosRate,
 		ClientTimeout: chaosClientTimeout,
@@ -432,13 +438,42 @@ func TestChaos(t *testing.T) {
 	}
 	t.Logf("longest overlap of two clients on one connection: %s (bound %s)", worst, chaosOverlapBound)
 
-	// No sequence gap at the sinks, and every connection delivered up to about now.
-	got, dups := checkSinks(t, f.dir, ids)
+	// At the sink: no sequence gap, never two workers delivering at once (who
+	// delivered each message, and when, is recorded), and every connection delivered
+	// up to about now.
+	restored := map[string]bool{}
+	for _, a := range plan {
+		restored[a.conn] = restored[a.conn] || a.kind == "restore"
+	}
+	dups := 0
 	for _, id := range ids {
-		if d := got[id]; d != nil {
-			if head := f.up.Stats(id).Head; head-d.Max > int64(3*chaosRate) {
-				t.Errorf("%s: sinks hold up to %d, the upstream is at %d", id, d.Max, head)
+		arr := col.Arrivals(id)
+		if len(arr) == 0 {
+			t.Errorf("%s: nothing delivered", id)
+			continue
+		}
+		if err := fleet.CheckOneDeliverer(arr); err != nil {
+			// A stale image written back over a live lease is outside the one-owner
+			// guarantee until the holder's next checkpoint (shared/lease, package doc):
+			// reported, not failed.
+			report := t.Errorf
+			if restored[id] {
+				report = t.Logf
 			}
+			report("%s: %v (restored stale image: %v)", id, err, restored[id])
+			for _, s := range fleet.Stints(arr) {
+				t.Logf("  %s: %s %d..%d, %s .. %s", id, s.Worker, s.First, s.Last, s.From.Format("15:04:05.000"), s.To.Format("15:04:05.000"))
+			}
+		}
+		seen, top := map[int64]bool{}, int64(0)
+		for _, a := range arr {
+			if seen[a.Seq] {
+				dups++
+			}
+			seen[a.Seq], top = true, max(top, a.Seq)
+		}
+		if head := f.up.Stats(id).Head; head-top > int64(3*chaosRate) {
+			t.Errorf("%s: sinks hold up to %d, the upstream is at %d", id, top, head)
 		}
 	}
 	t.Logf("sinks: %d duplicates over %d connections; worker logs: %s", dups, len(ids), workerLogCounts(f.dir))
