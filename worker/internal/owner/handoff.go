@@ -239,8 +239,15 @@ func (m *Manager) prepare(ctx context.Context, r handoff.Request) handoff.Respon
 		o.cancel(fmt.Errorf("%w: %w", errStandbyGone, err))
 	})
 	o.s = gatedStream{Stream: s, gate: g}
+	m.mu.Lock()
+	if m.draining { // checked under m.mu: a drain waits for every goroutine started before it
+		m.mu.Unlock()
+		m.dropStandby(sb, "draining")
+		return refused("draining")
+	}
 	sb.o, sb.gate = o, g
 	m.wg.Go(func() { m.standbySession(sb) })
+	m.mu.Unlock()
 	if why := m.awaitReady(pctx, o); why != "" {
 		m.dropStandby(sb, why)
 		return refused("standby: %s", why)
@@ -636,6 +643,11 @@ func (m *Manager) wakeHandoff(ctx context.Context, o *owned, c wakeup.Conn, targ
 		return wakeup.HandingOff, "already handing off"
 	}
 	t := ws[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.draining { // checked under m.mu: a drain waits for every goroutine started before it
+		return wakeup.Draining, ""
+	}
 	m.wg.Go(func() {
 		select {
 		case m.ho.sem <- struct{}{}:
