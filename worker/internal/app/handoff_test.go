@@ -449,3 +449,44 @@ func TestDrainByHandoff(t *testing.T) {
 		}
 	}
 }
+
+// A worker the table names after a handoff whose commit it never heard takes the
+// lease up at once on a check wakeup (the reconciler's, for the transfer's record),
+// without waiting for its standby timeout, and resumes after the transferred
+// checkpoint.
+func TestCheckWakeupAdoptsAHandedOffLease(t *testing.T) {
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	p := newCommitProxy(t)
+	p.onCommit = func() {} // the commit is lost
+	w2 := e.handoffWorker("w2", &l, opts{advertise: p.advertise})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+	if r := e.wakeHandoff(w1, "c1", "w2"); r.Result != wakeup.HandingOff {
+		t.Fatalf("handoff wakeup: %+v", r)
+	}
+	waitFor(t, 2*time.Second, "transferred", func() bool { return e.get("c1").LeaseOwner == "w2" })
+	start := time.Now()
+	if r := e.wake(w2, wakeup.Check, e.get("c1").LeaseVersion, "c1"); r[0].Result != wakeup.AlreadyOwned {
+		t.Fatalf("check wakeup at the new owner: %+v", r)
+	}
+	waitFor(t, 2*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("took %s: the standby timeout (3s) did it, not the wakeup", took)
+	}
+	if w2.Metrics.HandoffsAdopted.Load()+w2.Metrics.HandoffsTaken.Load() == 0 {
+		t.Fatal("neither adopted nor taken over")
+	}
+	owners, _ := l.check(t, "c1")
+	if len(owners) != 2 {
+		t.Fatalf("deliverers %v", owners)
+	}
+	// A check for a lease this worker does not hold and the table does not name it for
+	// is still lost_race.
+	e.putConn("c2", schema.Started)
+	if r := e.wake(w2, wakeup.Check, 0, "c2"); r[0].Result != wakeup.LostRace {
+		t.Fatalf("check of an unheld, unnamed lease: %+v", r)
+	}
+}
