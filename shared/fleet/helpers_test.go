@@ -248,26 +248,3 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 	return 0
 }
 
-// checkSinks reads every worker's sink under dir and fails t for any connection in ids
-// with nothing delivered or a sequence gap. It returns what was delivered and the
-// number of duplicates (allowed: delivery is at least once).
-func checkSinks(t *testing.T, dir string, ids []string) (map[string]*fleet.Delivered, int) {
-	t.Helper()
-	got, err := fleet.ReadSinks(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dups := 0
-	for _, id := range ids {
-		d := got[id]
-		if d == nil || d.Max == 0 {
-			t.Errorf("%s: nothing delivered", id)
-			continue
-		}
-		if gaps := d.Gaps(); len(gaps) > 0 {
-			t.Errorf("%s: sequence gaps at the sinks: %v (max %d)", id, gaps, d.Max)
-		}
-		dups += d.Duplicates
-	}
-	return got, dups
-}

@@ -260,6 +260,7 @@ func (m *Manager) prepare(ctx context.Context, r handoff.Request) handoff.Respon
 // awaitReady waits until the standby's socket is up (handshake and open messages
 // done) and returns "", or why not.
 func (m *Manager) awaitReady(ctx context.Context, o *owned) string {
+	// The standby is not in m.conns: the drain's stop does not reach it, so look.
 	t := time.NewTicker(2 * time.Millisecond)
 	defer t.Stop()
 	for {
@@ -268,6 +269,9 @@ func (m *Manager) awaitReady(ctx context.Context, o *owned) string {
 			return ""
 		case "backoff":
 			return "dial failed: " + st.Error
+		}
+		if m.Draining() {
+			return "draining" // do not hold up this worker's own drain
 		}
 		select {
 		case <-o.ctx.Done():
