@@ -183,6 +183,7 @@ type opts struct {
 	standbyMax int
 	advertise  func(addr string) string
 	noHandoff  bool
+	sinkDelay  time.Duration // each write of the handoff tests' ledger sink takes this long
 }
 
 func (e *env) worker(id string, o opts) *worker {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -37,9 +38,11 @@ type delivery struct {
 type ledgerSink struct {
 	l      *ledger
 	worker string
+	delay  time.Duration
 }
 
 func (s ledgerSink) Write(_ context.Context, b []sink.Message) error {
+	time.Sleep(s.delay)
 	s.l.mu.Lock()
 	defer s.l.mu.Unlock()
 	if s.l.rows == nil {
@@ -97,7 +100,7 @@ func (l *ledger) check(t *testing.T, id string) ([]string, []time.Duration) {
 }
 
 func (e *env) handoffWorker(id string, l *ledger, o opts) *worker {
-	o.sink = ledgerSink{l: l, worker: id}
+	o.sink = ledgerSink{l: l, worker: id, delay: o.sinkDelay}
 	return e.worker(id, o)
 }
 
@@ -255,6 +258,7 @@ func (p *commitProxy) advertise(real string) string {
 func TestHandoffFallbacks(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		w1   opts // the old owner's options
 		// setup returns the target's id; after runs once the handoff was asked for.
 		setup func(e *env, l *ledger) (to string, target *worker)
 		after func(e *env, l *ledger, target *worker)
@@ -270,7 +274,9 @@ func TestHandoffFallbacks(t *testing.T) {
 			wantStatus: "handoff: prepare at w9",
 		},
 		{
+			// The old owner's slow sink makes its cut outlast the standby's room.
 			name: "standby overflow",
+			w1:   opts{sinkDelay: 30 * time.Millisecond},
 			setup: func(e *env, l *ledger) (string, *worker) {
 				return "w2", e.handoffWorker("w2", l, opts{standbyMax: 1})
 			},
@@ -314,7 +320,7 @@ func TestHandoffFallbacks(t *testing.T) {
 			e := newEnv(t, rate)
 			e.putConn("c1", schema.Started)
 			var l ledger
-			w1 := e.handoffWorker("w1", &l, opts{})
+			w1 := e.handoffWorker("w1", &l, tc.w1)
 			to, target := tc.setup(e, &l)
 			e.wake(w1, wakeup.NeedsOwner, 0, "c1")
 			waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
@@ -489,4 +495,43 @@ func TestCheckWakeupAdoptsAHandedOffLease(t *testing.T) {
 	if r := e.wake(w2, wakeup.Check, 0, "c2"); r[0].Result != wakeup.LostRace {
 		t.Fatalf("check of an unheld, unnamed lease: %+v", r)
 	}
+}
+
+// A drain whose only target never answers gives up each prepare in time and
+// releases, well within the drain timeout.
+func TestDrainWithAHungTargetReleasesInTime(t *testing.T) {
+	e := newEnv(t, rate)
+	ids := []string{"c1", "c2", "c3"}
+	for _, id := range ids {
+		e.putConn(id, schema.Started)
+	}
+	hung, err := net.Listen("tcp", "127.0.0.1:0") // accepts, never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hung.Close()
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, ids...)
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c3", "w1") >= 20 })
+	e.putWorker(codec.Worker{ID: "wh", Addr: hung.Addr().String(), Capacity: 10, HeartbeatExpiresAtMs: time.Now().Add(time.Minute).UnixMilli()})
+	start := time.Now()
+	if err := w1.stop(); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if took > 3500*time.Millisecond { // prepare timeout 2s, abort 0.5s, drain timeout 10s
+		t.Fatalf("drain took %s", took)
+	}
+	for _, id := range ids {
+		c := e.get(id)
+		if c.Owned() || !strings.Contains(c.StatusError, "prepare at wh") {
+			t.Fatalf("%s after the drain: %+v", id, c)
+		}
+		rows := l.get(id)
+		if c.LastSeq != rows[len(rows)-1].seq {
+			t.Fatalf("%s: released at %d, last delivered %d", id, c.LastSeq, rows[len(rows)-1].seq)
+		}
+	}
+	t.Logf("drain with a hung target: %s", took)
 }

@@ -520,7 +520,9 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 	cancel()
 	if err != nil || resp.Result != handoff.Ready {
 		if err != nil {
-			m.abortPeer(target, req) // it may stand by all the same
+			// Release first: the target did not answer, and may not answer an abort
+			// either (its standby, if any, ends at its own timeout).
+			defer m.abortPeer(target, req)
 			return fallback(fmt.Sprintf("prepare at %s: %v", target.ID, err))
 		}
 		return fallback(fmt.Sprintf("prepare refused by %s: %s", target.ID, resp.Detail))
@@ -594,7 +596,7 @@ func (m *Manager) commitPeer(t codec.Worker, nl lease.Lease, p lease.Progress) {
 // committed ends at its timeout anyway).
 func (m *Manager) abortPeer(t codec.Worker, req handoff.Request) {
 	req.Op = handoff.Abort
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	if _, err := m.ho.cfg.Peer.Send(ctx, t.Addr, req); err != nil {
 		m.cfg.Log.Debug("handoff abort not answered", "conn", req.Conn, "to", t.ID, "err", err)
