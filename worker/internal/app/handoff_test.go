@@ -221,6 +221,7 @@ type commitProxy struct {
 	mu       sync.Mutex
 	target   string
 	onCommit func() // nil: pass commits through
+	slow     bool   // pass the commit on after onCommit instead of failing it
 }
 
 func newCommitProxy(t *testing.T) *commitProxy {
@@ -232,8 +233,10 @@ func newCommitProxy(t *testing.T) *commitProxy {
 		p.mu.Unlock()
 		if hook != nil && bytes.Contains(body, []byte(`"op":"commit"`)) {
 			hook()
-			http.Error(w, "commit lost by test", http.StatusBadGateway)
-			return
+			if !p.slow {
+				http.Error(w, "commit lost by test", http.StatusBadGateway)
+				return
+			}
 		}
 		u, _ := url.Parse("http://" + target)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -283,6 +286,22 @@ func TestHandoffFallbacks(t *testing.T) {
 			after: func(e *env, l *ledger, w2 *worker) {
 				if w2.Metrics.StandbyOverflows.Load() == 0 {
 					e.t.Fatal("the standby never overflowed")
+				}
+			},
+		},
+		{
+			// The commit comes late: the standby overflowed after ready, so the target
+			// takes the lease up from the commit and dials afresh from the cut.
+			name: "standby overflow after ready",
+			setup: func(e *env, l *ledger) (string, *worker) {
+				p := newCommitProxy(e.t)
+				p.onCommit, p.slow = func() { time.Sleep(300 * time.Millisecond) }, true
+				return "w2", e.handoffWorker("w2", l, opts{standbyMax: 10, advertise: p.advertise})
+			},
+			after: func(e *env, l *ledger, w2 *worker) {
+				waitFor(e.t, 5*time.Second, "adopted", func() bool { return w2.Metrics.HandoffsAdopted.Load() == 1 })
+				if w2.Metrics.StandbyOverflows.Load() != 1 || w2.Metrics.HandoffsTaken.Load() != 0 {
+					e.t.Fatalf("overflows %d, taken %d", w2.Metrics.StandbyOverflows.Load(), w2.Metrics.HandoffsTaken.Load())
 				}
 			},
 		},
