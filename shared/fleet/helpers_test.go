@@ -247,4 +247,3 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 	t.Fatalf("%s: not within %s: %s", what, timeout, why)
 	return 0
 }
-
