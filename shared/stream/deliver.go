@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"slices"
 	"sync"
@@ -23,7 +24,10 @@ type Delivery struct {
 	Sender Sender
 	// Timeout bounds each wakeup request. Default DefaultWakeupTimeout.
 	Timeout time.Duration
-	Log     *slog.Logger
+	// Recent, if set, carries what wakeup replies reported from one Deliver call to
+	// the next, so a burst spread over many stream batches is spread like one batch.
+	Recent *Recent
+	Log    *slog.Logger
 }
 
 // DefaultWakeupTimeout bounds one wakeup: a worker answers after its conditional
@@ -61,7 +65,7 @@ func (d *Delivery) Deliver(ctx context.Context, workers []codec.Worker, now time
 	for _, w := range workers {
 		byID[w.ID] = w
 	}
-	pool := newPool(workers, now)
+	pool := newPool(workers, now, d.Recent)
 	var calls []call
 	for owner, conns := range checks {
 		w, ok := byID[owner]
@@ -89,7 +93,7 @@ func (d *Delivery) Deliver(ctx context.Context, workers []codec.Worker, now time
 		}
 		pending = nil
 		for _, r := range d.send(ctx, calls) {
-			pending = append(pending, d.settle(r, pool, out)...)
+			pending = append(pending, d.settle(r, pool, now, out)...)
 		}
 		calls = nil
 		if round > len(workers) { // every worker has been tried; cannot loop, but bound it anyway
@@ -140,7 +144,7 @@ func (d *Delivery) send(ctx context.Context, calls []call) []call {
 
 // settle records the answers of one call and returns the needs-owner ids to offer to
 // another worker.
-func (d *Delivery) settle(c call, pool *pool, out map[string]Outcome) []wakeup.Conn {
+func (d *Delivery) settle(c call, pool *pool, now time.Time, out map[string]Outcome) []wakeup.Conn {
 	w := c.worker
 	if c.err != nil {
 		d.logger().Warn("wakeup not delivered", "worker", w.ID, "addr", w.Addr, "ids", len(c.req.Conns), "err", c.err)
@@ -189,6 +193,9 @@ func (d *Delivery) settle(c call, pool *pool, out map[string]Outcome) []wakeup.C
 			again = append(again, cn)
 		}
 	}
+	if c.err == nil {
+		d.Recent.put(w.ID, pool.answered(w.ID, c.resp.Load), now)
+	}
 	return again
 }
 
@@ -207,19 +214,28 @@ type pool struct {
 }
 
 type slot struct {
-	w     codec.Worker
-	load  int // as registered, plus what it took or was offered this round
+	w codec.Worker
+	// load orders the candidates: the higher of the registered load and the load
+	// remembered from a recent reply, then as answered this call.
+	load int
+	// spare bounds the offers: from the lower of the two, since a worker that is
+	// full after all only answers NoCapacity, while one wrongly thought full would
+	// be left out until the memory of it expires.
 	spare int
 	gone  bool
 }
 
-func newPool(ws []codec.Worker, now time.Time) *pool {
+func newPool(ws []codec.Worker, now time.Time, r *Recent) *pool {
 	p := &pool{byID: map[string]*slot{}, triedBy: map[string]map[string]bool{}}
 	for _, w := range ws {
 		if !w.Live(now.UnixMilli()) || w.Draining || w.Spare() == 0 || w.Addr == "" {
 			continue
 		}
 		s := &slot{w: w, load: w.Load, spare: w.Spare()}
+		if seen, ok := r.get(w.ID, now); ok {
+			s.load = max(w.Load, seen)
+			s.spare = max(0, w.Capacity-min(w.Load, seen))
+		}
 		p.workers = append(p.workers, s)
 		p.byID[w.ID] = s
 	}
@@ -239,7 +255,7 @@ func (p *pool) assign(ids []wakeup.Conn) (calls []call, unplaced []wakeup.Conn) 
 			if s.gone || s.spare-offered[s.w.ID] <= 0 || p.triedBy[c.ID][s.w.ID] {
 				continue
 			}
-			if best == nil || less(s, best, offered) {
+			if best == nil || less(s, best, offered, c.ID) {
 				best = s
 			}
 		}
@@ -259,7 +275,12 @@ func (p *pool) assign(ids []wakeup.Conn) (calls []call, unplaced []wakeup.Conn) 
 	return calls, unplaced
 }
 
-func less(a, b *slot, offered map[string]int) bool {
+// less orders candidates for id conn: by utilisation, then most spare, then by a
+// hash of (conn, worker), so that equally loaded workers are chosen evenly by
+// reconcilers that know nothing of each other's offers (a cold start, or several
+// running at once), instead of every one of them picking the lowest id. With conn
+// empty (Workers), the last tie-break is the worker id.
+func less(a, b *slot, offered map[string]int, conn string) bool {
 	// Compare (load_a+o_a)/cap_a with (load_b+o_b)/cap_b without division.
 	ua := (a.load + offered[a.w.ID]) * b.w.Capacity
 	ub := (b.load + offered[b.w.ID]) * a.w.Capacity
@@ -269,7 +290,21 @@ func less(a, b *slot, offered map[string]int) bool {
 	if c := cmp.Compare(a.spare-offered[a.w.ID], b.spare-offered[b.w.ID]); c != 0 {
 		return c > 0
 	}
+	if conn != "" {
+		if ha, hb := tie(conn, a.w.ID), tie(conn, b.w.ID); ha != hb {
+			return ha > hb
+		}
+	}
 	return a.w.ID < b.w.ID
+}
+
+// tie is the rendezvous hash of a connection and a worker.
+func tie(conn, worker string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(conn))
+	h.Write([]byte{0})
+	h.Write([]byte(worker))
+	return h.Sum64()
 }
 
 func (p *pool) took(worker string) {
@@ -277,6 +312,25 @@ func (p *pool) took(worker string) {
 		s.load++
 		s.spare = max(0, s.spare-1)
 	}
+}
+
+// answered takes the load a worker reported in its reply, which counts everything
+// it acquired (for this call or any other) and is exact as of the reply, over the
+// count kept here. It returns the worker's load as now known, or -1 for a worker
+// that reported none and is not a candidate.
+func (p *pool) answered(worker string, reported *int) int {
+	s := p.byID[worker]
+	switch {
+	case reported != nil && s != nil:
+		s.load = *reported
+		s.spare = max(0, s.w.Capacity-*reported)
+		return s.load
+	case reported != nil:
+		return *reported
+	case s != nil:
+		return s.load
+	}
+	return -1
 }
 
 func (p *pool) full(worker string) {
@@ -301,12 +355,12 @@ func (p *pool) tried(id, worker string) {
 // Workers returns the registry's needs-owner candidates in the order Deliver prefers
 // them, for logs and tests.
 func Workers(ws []codec.Worker, now time.Time) []codec.Worker {
-	p := newPool(ws, now)
+	p := newPool(ws, now, nil)
 	slices.SortFunc(p.workers, func(a, b *slot) int {
-		if less(a, b, nil) {
+		if less(a, b, nil, "") {
 			return -1
 		}
-		if less(b, a, nil) {
+		if less(b, a, nil, "") {
 			return 1
 		}
 		return 0
@@ -316,4 +370,114 @@ func Workers(ws []codec.Worker, now time.Time) []codec.Worker {
 		out[i] = s.w
 	}
 	return out
+}
+
+// Recent remembers, per worker, the load it last reported in a wakeup reply (or,
+// from a worker that reports none, its load as counted after what it acquired),
+// for TTL. The registry's load is refreshed only once per renew interval (20 s by
+// default), so without this every stream batch of a burst sees the same idle
+// workers and sends everything to the same one.
+//
+// A Deliver call orders candidates by the higher of the registered and the
+// remembered load: the remembered one is newer unless the worker shed connections
+// since, and then the error only steers new connections away from it until the
+// entry expires. Offers are bounded by the lower of the two (see slot).
+//
+// What holds when this memory cannot help:
+//   - A cold reconciler (empty memory) spreads the ids of one batch as before, and
+//     breaks ties among equally loaded workers by a hash of the id, so a burst
+//     reaching it one record per batch is spread at random rather than piled on
+//     one worker; from each worker's first reply on, it is exact again.
+//   - Several reconcilers at once (one per stream shard; each warm process has its
+//     own memory) learn each other's acquisitions from the replies: a worker's reply
+//     counts what anyone gave it. A choice can be off only by the acquisitions other
+//     reconcilers made on it since this one last heard from it, and the worker it
+//     underestimates is the next it picks, which corrects the view.
+//
+// Safe for concurrent use. A nil *Recent remembers nothing.
+type Recent struct {
+	TTL time.Duration // default DefaultRecentTTL
+	Max int           // workers remembered at most; default DefaultRecentMax
+
+	mu sync.Mutex
+	by map[string]seenLoad
+}
+
+type seenLoad struct {
+	load int
+	at   time.Time
+}
+
+// Recent's defaults. The TTL outlasts the registry refresh that makes an entry
+// redundant: a worker rewrites its item every renew interval (20 s by default),
+// each write bounded by that interval, so after 40 s the registry is as new as
+// any reply.
+const (
+	DefaultRecentTTL = time.Minute
+	DefaultRecentMax = 4096
+)
+
+func (r *Recent) get(worker string, now time.Time) (int, bool) {
+	if r == nil {
+		return 0, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.by[worker]
+	if !ok || !r.fresh(e, now) {
+		return 0, false
+	}
+	return e.load, true
+}
+
+func (r *Recent) put(worker string, load int, now time.Time) {
+	if r == nil || load < 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.by == nil {
+		r.by = map[string]seenLoad{}
+	}
+	r.by[worker] = seenLoad{load: load, at: now}
+	limit := r.Max
+	if limit <= 0 {
+		limit = DefaultRecentMax
+	}
+	if len(r.by) <= limit {
+		return
+	}
+	// Over the bound: forget what has expired, then the oldest.
+	for id, e := range r.by {
+		if !r.fresh(e, now) {
+			delete(r.by, id)
+		}
+	}
+	for len(r.by) > limit {
+		oldest := ""
+		for id, e := range r.by {
+			if oldest == "" || e.at.Before(r.by[oldest].at) {
+				oldest = id
+			}
+		}
+		delete(r.by, oldest)
+	}
+}
+
+// Len is how many workers are remembered, expired entries included.
+func (r *Recent) Len() int {
+	if r == nil {
+		return 0
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.by)
+}
+
+func (r *Recent) fresh(e seenLoad, now time.Time) bool {
+	ttl := r.TTL
+	if ttl <= 0 {
+		ttl = DefaultRecentTTL
+	}
+	return now.Sub(e.at) < ttl
 }

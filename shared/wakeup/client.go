@@ -53,8 +53,8 @@ func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, 
 	if resp.StatusCode != http.StatusOK {
 		return Response{}, fmt.Errorf("wakeup %s: status %d: %.200s", addr, resp.StatusCode, data)
 	}
-	var out Response
-	if err := json.Unmarshal(data, &out); err != nil {
+	out, err := DecodeResponse(data)
+	if err != nil {
 		return Response{}, fmt.Errorf("wakeup %s: bad reply: %w", addr, err)
 	}
 	return out, nil

@@ -101,6 +101,11 @@ type ConnResult struct {
 type Response struct {
 	V       int          `json:"v"`
 	Results []ConnResult `json:"results"`
+	// Load is how many connections the worker holds or is acquiring once this
+	// request is handled. The registry's load is only refreshed once per renew
+	// interval, so the reconciler uses this to spread a burst of new connections.
+	// Absent from workers that predate it.
+	Load *int `json:"load,omitempty"`
 }
 
 // Errors of Verify and DecodeRequest.
@@ -182,6 +187,22 @@ func DecodeRequest(body []byte) (Request, error) {
 		if c.LeaseVersion < 0 {
 			return Request{}, fmt.Errorf("%w: id %s: negative lease_version", ErrMalformed, c.ID)
 		}
+	}
+	return r, nil
+}
+
+// DecodeResponse parses a reply body: known version and, if a load is given, a
+// non-negative one. Unknown fields are allowed (a newer worker may add some).
+func DecodeResponse(body []byte) (Response, error) {
+	var r Response
+	if err := json.Unmarshal(body, &r); err != nil {
+		return Response{}, fmt.Errorf("%w: reply: %v", ErrMalformed, err)
+	}
+	if r.V != Version {
+		return Response{}, fmt.Errorf("%w: reply version %d, want %d", ErrMalformed, r.V, Version)
+	}
+	if r.Load != nil && *r.Load < 0 {
+		return Response{}, fmt.Errorf("%w: reply load %d is negative", ErrMalformed, *r.Load)
 	}
 	return r, nil
 }

@@ -176,3 +176,66 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+func TestGoldenResponseWithLoad(t *testing.T) {
+	raw, err := os.ReadFile("testdata/response-load.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := DecodeResponse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Load == nil || *got.Load != 7 || len(got.Results) != 1 || got.Results[0].Result != Acquired {
+		t.Fatalf("decoded %+v", got)
+	}
+	out, _ := json.Marshal(got)
+	if !bytes.Equal(bytes.TrimSpace(raw), out) {
+		t.Errorf("encoding drifted from golden:\n got %s\nwant %s", out, raw)
+	}
+	// A reply without a load (a worker that predates it) decodes with Load nil.
+	old, _ := os.ReadFile("testdata/response.json")
+	if r, err := DecodeResponse(old); err != nil || r.Load != nil {
+		t.Errorf("old reply: %+v, %v", r, err)
+	}
+}
+
+func TestDecodeResponseRejects(t *testing.T) {
+	for name, body := range map[string]string{
+		"not json":      `{"v":1,`,
+		"wrong version": `{"v":2,"results":[]}`,
+		"no version":    `{"results":[]}`,
+		"negative load": `{"v":1,"results":[],"load":-1}`,
+		"load a string": `{"v":1,"results":[],"load":"3"}`,
+		"trailing data": `{"v":1,"results":[]} {}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			if r, err := DecodeResponse([]byte(body)); !errors.Is(err, ErrMalformed) {
+				t.Fatalf("DecodeResponse = %+v, %v; want ErrMalformed", r, err)
+			}
+		})
+	}
+	// Unknown fields are a newer worker's additions, not an error.
+	if _, err := DecodeResponse([]byte(`{"v":1,"results":[],"load":2,"extra":true}`)); err != nil {
+		t.Errorf("unknown field refused: %v", err)
+	}
+}
+
+func FuzzDecodeResponse(f *testing.F) {
+	golden, _ := os.ReadFile("testdata/response-load.json")
+	f.Add(golden)
+	f.Add([]byte(`{"v":1,"results":null,"load":0}`))
+	f.Add([]byte(`{"v":1,"load":-5}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := DecodeResponse(body)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error does not wrap ErrMalformed: %v", err)
+			}
+			return
+		}
+		if r.V != Version || (r.Load != nil && *r.Load < 0) {
+			t.Fatalf("accepted %+v", r)
+		}
+	})
+}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -96,6 +97,7 @@ type stack struct {
 	sender *recordingSender
 	reg    *registry.Registry
 	store  *lease.Store
+	n      int // worker slots
 
 	mu      sync.Mutex
 	closing bool
@@ -104,6 +106,12 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
+	return newStackOf(t, 2, 10)
+}
+
+// newStackOf runs workers workers, each taking at most maxConns connections.
+func newStackOf(t *testing.T, workers, maxConns int) *stack {
+	t.Helper()
 	e := ddbtest.New(t)
 	up, err := demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: 20})
 	if err != nil {
@@ -111,7 +119,7 @@ func newStack(t *testing.T) *stack {
 	}
 	t.Cleanup(func() { up.Close() })
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	s := &stack{t: t, e: e, up: up, reg: &registry.Registry{DB: e.DB, Table: e.Table}}
+	s := &stack{t: t, e: e, up: up, reg: &registry.Registry{DB: e.DB, Table: e.Table}, n: workers}
 	s.store, err = lease.New(e.DB, lease.Config{Table: e.Table})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +152,7 @@ func newStack(t *testing.T) *stack {
 			return append(e.Environ(),
 				schema.EnvTable+"="+e.Table, schema.EnvWorkerID+"="+id,
 				schema.EnvListenAddr+"="+addr, schema.EnvAdvertiseAddr+"="+addr,
-				schema.EnvWakeupSecret+"="+secret, schema.EnvMaxConnections+"=10",
+				schema.EnvWakeupSecret+"="+secret, schema.EnvMaxConnections+"="+strconv.Itoa(maxConns),
 				schema.EnvDrainTimeout+"=5s", schema.EnvSink+"=file:"+filepath.Join(logDir, id+".sink"))
 		},
 		// Play ECS: a worker that exits becomes a task-stopped event.
@@ -164,7 +172,7 @@ func newStack(t *testing.T) *stack {
 			}
 		},
 	}
-	for slot := range 2 {
+	for slot := range workers {
 		if _, err := s.sup.Start(ctx, slot, freePort(t)); err != nil {
 			t.Fatal(err)
 		}
@@ -181,9 +189,9 @@ func newStack(t *testing.T) *stack {
 			dumpLogs(t, logDir)
 		}
 	})
-	s.waitFor("both workers registered", 10*time.Second, func() bool {
+	s.waitFor("every worker registered", 10*time.Second, func() bool {
 		ws, _, err := s.reg.List(context.Background())
-		return err == nil && len(registry.Live(ws, time.Now())) == 2
+		return err == nil && len(registry.Live(ws, time.Now())) == workers
 	})
 	return s
 }
@@ -193,7 +201,7 @@ func newStack(t *testing.T) *stack {
 // Restart races with the exit goroutines' unlocked read of it.
 func (s *stack) stopWorkers(grace time.Duration) {
 	deadline := time.After(grace)
-	for slot := range 2 {
+	for slot := range s.n {
 		p := s.sup.Get(slot)
 		if p == nil {
 			continue
@@ -253,7 +261,7 @@ func (s *stack) waitFor(what string, limit time.Duration, cond func() bool) time
 func (s *stack) streaming(id string) bool { return s.up.Stats(id).Clients == 1 }
 
 func (s *stack) slotOf(worker string) int {
-	for slot := range 2 {
+	for slot := range s.n {
 		if p := s.sup.Get(slot); p != nil && p.ID == worker {
 			return slot
 		}

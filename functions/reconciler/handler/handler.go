@@ -127,7 +127,10 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	if d.Metrics == nil {
 		d.Metrics = io.Discard
 	}
-	return &Handler{cfg: cfg, d: d, delivery: stream.Delivery{Sender: d.Sender, Timeout: cfg.WakeupTimeout, Log: d.Log}}, nil
+	return &Handler{cfg: cfg, d: d, delivery: stream.Delivery{
+		Sender: d.Sender, Timeout: cfg.WakeupTimeout, Log: d.Log,
+		Recent: &stream.Recent{}, // lives as long as the warm process: spreads bursts across invocations
+	}}, nil
 }
 
 // ErrUnknownEvent: the payload is none of the three kinds.

@@ -298,6 +298,14 @@ func (m *Manager) Owned() []string {
 	return ids
 }
 
+// Load is how many connections this worker holds, is acquiring or stands by for in
+// a handoff: the figure its registry item and its wakeup replies carry.
+func (m *Manager) Load() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.loadLocked()
+}
+
 // Draining reports whether the worker is draining (it refuses wakeups).
 func (m *Manager) Draining() bool {
 	m.mu.Lock()
@@ -699,9 +707,7 @@ func (m *Manager) refreshRegistry(ctx context.Context) {
 }
 
 func (m *Manager) putRegistry(ctx context.Context, draining bool) {
-	m.mu.Lock()
-	load := m.loadLocked()
-	m.mu.Unlock()
+	load := m.Load()
 	w := codec.Worker{
 		ID: m.cfg.WorkerID, Addr: m.cfg.Addr, Capacity: m.cfg.MaxConnections, Load: load,
 		Draining: draining, HeartbeatExpiresAtMs: time.Now().Add(m.cfg.Lease).UnixMilli(),

@@ -350,6 +350,9 @@ func TestWakeResults(t *testing.T) {
 				t.Errorf("wake %+v = %s, want %s", st.c, got, st.want)
 			}
 		}
+		if got := r.m.Load(); got != 2 {
+			t.Errorf("load %d after acquiring a and b, want 2 (the figure wakeup replies carry)", got)
+		}
 		// A Check whose renew finds the item STOPPED releases it and says so.
 		r.store.renew = func(context.Context, lease.Lease, lease.Progress) (codec.Connection, error) {
 			return codec.Connection{DesiredState: schema.Stopped, WSURL: url0}, nil
@@ -360,6 +363,9 @@ func TestWakeResults(t *testing.T) {
 		synctest.Wait()
 		if _, ok := r.store.released("a"); !ok {
 			t.Error("stopped item not released")
+		}
+		if got := r.m.Load(); got != 1 {
+			t.Errorf("load %d after a was released, want 1", got)
 		}
 		r.store.renew = func(_ context.Context, l lease.Lease, _ lease.Progress) (codec.Connection, error) {
 			return started(l.ID), nil

@@ -30,6 +30,8 @@ type Owner interface {
 	Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnResult
 	Draining() bool
 	Healthy() error
+	// Load is how many connections the worker holds or is acquiring.
+	Load() int
 }
 
 // Handoffs is what the listener needs to answer another worker's handoff calls.
@@ -102,6 +104,8 @@ func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
 	}
 	s.Metrics.Wakeups.Add(1)
 	resp := wakeup.Response{V: wakeup.Version, Results: s.Owner.Wake(r.Context(), req.Conns)}
+	load := s.Owner.Load() // after the acquisitions: what the reconciler's next choice should see
+	resp.Load = &load
 	writeJSON(w, http.StatusOK, resp)
 }
 

@@ -38,6 +38,17 @@ func (f *fakeOwner) Wake(_ context.Context, conns []wakeup.Conn) []wakeup.ConnRe
 func (f *fakeOwner) Draining() bool { return f.draining }
 func (f *fakeOwner) Healthy() error { return f.health }
 
+// Load is one per id it was ever asked about, as if it acquired them all.
+func (f *fakeOwner) Load() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		n += len(c)
+	}
+	return n
+}
+
 func (f *fakeOwner) nCalls() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -71,12 +82,16 @@ func TestWakeupAnswersPerID(t *testing.T) {
 	if rec.Code != 200 {
 		t.Fatalf("status %d: %s", rec.Code, rec.Body)
 	}
-	var resp wakeup.Response
-	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
+	resp, err := wakeup.DecodeResponse(rec.Body.Bytes())
+	if err != nil {
 		t.Fatal(err)
 	}
 	if resp.V != 1 || len(resp.Results) != 2 || resp.Results[1].ID != "b" {
 		t.Fatalf("response %+v", resp)
+	}
+	// The reply carries the load as it is once the ids were handled.
+	if resp.Load == nil || *resp.Load != 2 {
+		t.Errorf("reply load %v, want 2", resp.Load)
 	}
 }
 
