@@ -27,7 +27,7 @@
 // Let E = Σ max(0, n_i − hi_i) be the connections above the bands and D =
 // Σ max(0, lo_i − n_i) the places missing below them. A move changes two counts by
 // one, so it lowers E by at most one and D by at most one: no plan needs fewer than
-// M = max(E, D) moves. Plan makes only moves that lower max(E, D) by exactly one:
+// M = max(E, D) moves. Compute makes only moves that lower max(E, D) by exactly one:
 //
 //   - over → under (a worker above its band to one below it), which lowers both;
 //   - else, if E > D, over → a worker within its band with room below hi;
@@ -36,7 +36,9 @@
 // Without cooling or a cap such a move always exists until E = D = 0 (if E > D = 0
 // the workers not over have Σ (hi − n) ≥ E of room since Σ hi ≥ C; the case D > E
 // is symmetric), so a round makes exactly M moves: the minimum, not an
-// approximation of it. With cooling or the cap, a round makes fewer, never more.
+// approximation of it. With cooling or the cap, a round makes fewer, never more,
+// and since each of its moves still lowers max(E, D) by one, successive rounds
+// (with no connection added or removed between them) make exactly M moves in all.
 // Donors are taken most utilised first and receivers least utilised first (ties:
 // higher measured rate gives first, lower rate receives first, then by id).
 //
