@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/stream"
 )
 
 // TestBurstSpreadsAcrossInvocations adds 30 connections, one every 100 ms, onto 3
@@ -17,7 +18,9 @@ import (
 // delivery's memory) can spread them. Each worker must end with 10 ± 1.
 func TestBurstSpreadsAcrossInvocations(t *testing.T) {
 	const workers, n = 3, 30
-	s := newStackOf(t, workers, 100)
+	// The default wakeup timeout: a wakeup that times out on a loaded machine is
+	// re-routed and its reply (the load) lost, which this test is not about.
+	s := newStackOf(t, workers, 100, stream.DefaultWakeupTimeout)
 	ids := make([]string, n)
 	start := time.Now()
 	for i := range n {

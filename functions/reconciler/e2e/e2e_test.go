@@ -106,11 +106,12 @@ type stack struct {
 
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	return newStackOf(t, 2, 10)
+	return newStackOf(t, 2, 10, 500*time.Millisecond)
 }
 
-// newStackOf runs workers workers, each taking at most maxConns connections.
-func newStackOf(t *testing.T, workers, maxConns int) *stack {
+// newStackOf runs workers workers, each taking at most maxConns connections, and a
+// reconciler that gives each wakeup wakeupTimeout.
+func newStackOf(t *testing.T, workers, maxConns int, wakeupTimeout time.Duration) *stack {
 	t.Helper()
 	e := ddbtest.New(t)
 	up, err := demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: 20})
@@ -129,7 +130,7 @@ func newStackOf(t *testing.T, workers, maxConns int) *stack {
 		t.Fatal(err)
 	}
 	s.sender = &recordingSender{Client: wakeup.Client{Secret: []byte(secret)}}
-	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: 500 * time.Millisecond},
+	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: wakeupTimeout},
 		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log,
 			Members: &membership.Reaper{Registry: s.reg, Leases: s.store, Skew: membership.DefaultSkew, Log: log}})
 	if err != nil {
