@@ -21,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/sockfleet/sockfleet/functions/reconciler/handler"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/membership"
@@ -50,6 +51,10 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 		return nil, err
 	}
+	rcfg, err := roundsConfig()
+	if err != nil {
+		return nil, err
+	}
 	cfg, err := ddb.LoadConfig(ctx)
 	if err != nil {
 		return nil, err
@@ -70,15 +75,60 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	if err != nil {
 		return nil, err
 	}
+	sender := &wakeup.Client{Secret: secret, HTTP: &http.Client{}}
+	rr, err := rounds.New(rcfg, &rounds.Reader{DB: db, Table: table}, sender, log)
+	if err != nil {
+		return nil, err
+	}
 	return handler.New(handler.Config{ClusterARN: os.Getenv(schema.EnvClusterARN)}, handler.Deps{
 		Registry: reg,
 		Leases:   leases,
 		Sweeper:  sw,
-		Sender:   &wakeup.Client{Secret: secret, HTTP: &http.Client{}},
+		Sender:   sender,
 		Members:  &membership.Reaper{Registry: reg, Leases: leases, Skew: skew, Log: log},
+		Rounds:   rr,
 		Log:      log,
 		Metrics:  os.Stdout, // EMF lines; CloudWatch turns them into metrics
 	})
+}
+
+// roundsConfig reads the rebalance knobs; rounds.New validates them.
+func roundsConfig() (rounds.Config, error) {
+	var c rounds.Config
+	var errs [6]error
+	switch v := os.Getenv(schema.EnvRebalance); v {
+	case "", "on":
+	case "off":
+		c.Disabled = true
+	default:
+		errs[0] = fmt.Errorf("%s: %q, want on or off", schema.EnvRebalance, v)
+	}
+	c.Plan.Tolerance, errs[1] = fraction(schema.EnvRebalanceTolerance)
+	c.Plan.MaxFraction, errs[2] = fraction(schema.EnvRebalanceMaxFraction)
+	c.Plan.Cooling, errs[3] = duration(schema.EnvRebalanceCooling, 0)
+	c.MinInterval, errs[4] = duration(schema.EnvRebalanceMinInterval, 0)
+	c.Settle, errs[5] = duration(schema.EnvRebalanceSettle, 0)
+	if err := errors.Join(errs[:]...); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+// fraction reads a number such as 0.1; unset is 0 (the default). Zero or out of
+// range set explicitly is refused by rounds.Config.Validate.
+func fraction(name string) (float64, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", name, err)
+	}
+	if f == 0 {
+		return 0, fmt.Errorf("%s: 0, want a fraction in (0, 1)", name)
+	}
+	return f, nil
 }
 
 // wakeupSecret reads the shared secret from the environment, or, given its ARN, from

@@ -42,6 +42,14 @@ const (
 	EnvSweepSegments = "SOCKFLEET_SWEEP_SEGMENTS"  // scan segments, one per sweep period; default 1
 	EnvSweepPeriod   = "SOCKFLEET_SWEEP_PERIOD"    // the sweep schedule's period; default 5m
 
+	// Reconciler: rebalance rounds (functions/reconciler/rounds).
+	EnvRebalance            = "SOCKFLEET_REBALANCE"              // on | off; default on
+	EnvRebalanceTolerance   = "SOCKFLEET_REBALANCE_TOLERANCE"    // band around the mean utilisation; default 0.10
+	EnvRebalanceMaxFraction = "SOCKFLEET_REBALANCE_MAX_FRACTION" // moves per round, of the connections; default 0.10
+	EnvRebalanceCooling     = "SOCKFLEET_REBALANCE_COOLING"      // a moved connection stays put this long; default 5m
+	EnvRebalanceMinInterval = "SOCKFLEET_REBALANCE_MIN_INTERVAL" // least time between rounds; default 5s
+	EnvRebalanceSettle      = "SOCKFLEET_REBALANCE_SETTLE"       // longest wait for a round's moves to show in the loads; default 15s
+
 	// Worker: the value of the MetricDimService dimension on its metrics. The stack
 	// sets it to the workers' ECS service name, so autoscaling on connections per task
 	// reads exactly this fleet's workers. Empty: no dimension.
@@ -125,6 +133,8 @@ const (
 	MetricOrphaned           = "OrphanedConnections" // per sweep: STARTED with no live owner
 	MetricOrphanedOldest     = "OrphanedOldestSeconds"
 	MetricWakeupsUndelivered = "WakeupsUndelivered" // per reconciler batch
+	MetricRebalanceMoves     = "RebalanceMoves"     // per rebalance round: moves the owners took on
+	MetricRebalanceMinimum   = "RebalanceMinimum"   // per rebalance round: the fewest moves to balance
 
 	// MetricDimService is the dimension on the workers' metrics (MetricOwned,
 	// MetricSelfFences, MetricRenewFailures), valued from EnvServiceName; autoscaling

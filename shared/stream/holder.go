@@ -2,6 +2,7 @@ package stream
 
 import (
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
@@ -22,4 +23,25 @@ func Holder(r events.DynamoDBEventRecord) string {
 		return ""
 	}
 	return c.LeaseOwner
+}
+
+// Joined reports whether a worker-item record is a worker joining: its item inserted,
+// or replaced by a new incarnation (a restart under the same id). Rebalance rounds
+// start from it (functions/reconciler/rounds).
+func Joined(r events.DynamoDBEventRecord) bool {
+	if _, ok := schema.WorkerID(Key(r)); !ok || r.Change.NewImage == nil {
+		return false
+	}
+	if r.EventName == "INSERT" {
+		return true
+	}
+	inc := func(img map[string]events.DynamoDBAttributeValue) string {
+		v, ok := img[schema.AttrIncarnation]
+		if !ok || v.DataType() != events.DataTypeString {
+			return ""
+		}
+		return v.String()
+	}
+	n := inc(r.Change.NewImage)
+	return n != "" && n != inc(r.Change.OldImage)
 }

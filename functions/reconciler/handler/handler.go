@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
 	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/membership"
@@ -101,6 +102,9 @@ type Deps struct {
 	// worker heartbeat record (at most once per Members.Every), for owners that
 	// stream records or the sweep show are not live members, and at each sweep.
 	Members *membership.Reaper
+	// Rounds, if set, runs rebalance rounds: checked on worker-item records (a join,
+	// a renew carrying its load) at most once per its CheckEvery, and at each sweep.
+	Rounds *rounds.Rounds
 }
 
 // Handler handles reconciler events.
@@ -211,11 +215,12 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	log := h.d.Log
 	var order []string
 	latest := map[string]pending{}
-	heartbeat := false
+	heartbeat, joined := false, false
 	var owners []string // owners named by the records' new images
 	for _, r := range ev.Records {
 		if _, ok := schema.WorkerID(stream.Key(r)); ok {
 			heartbeat = true // a membership renew: the reconciler's clock for dead-member detection
+			joined = joined || stream.Joined(r)
 			continue
 		}
 		if o := stream.Holder(r); o != "" {
@@ -248,6 +253,13 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 		rep, ws, err := h.d.Members.Reap(ctx, now)
 		h.logReap(ctx, "heartbeat", rep, err)
 		workers, listed = ws, err == nil
+	}
+	if heartbeat && h.d.Rounds != nil && h.d.Rounds.Due(now) {
+		why := "heartbeat"
+		if joined {
+			why = "worker joined"
+		}
+		workers, listed = h.rebalance(ctx, now, workers, listed, why)
 	}
 	if len(order) == 0 && len(owners) == 0 {
 		return resp, nil
@@ -330,6 +342,28 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 	}
 }
 
+// rebalance runs a rebalance check on the registry as listed (listing it if not),
+// and returns the listing for the rest of the batch.
+func (h *Handler) rebalance(ctx context.Context, now time.Time, workers []codec.Worker, listed bool, why string) ([]codec.Worker, bool) {
+	if !listed {
+		ws, _, err := h.d.Registry.List(ctx)
+		if err != nil {
+			h.d.Log.WarnContext(ctx, "rebalance: list workers; checked again on a later heartbeat", "err", err)
+			return workers, false
+		}
+		workers, listed = ws, true
+	}
+	rep := h.d.Rounds.Check(ctx, now, workers, why)
+	if rep.Skipped == "" {
+		h.metric(ctx, now,
+			emf.Metric{Name: schema.MetricRebalanceMoves, Unit: emf.Count, Value: float64(rep.Accepted())},
+			emf.Metric{Name: schema.MetricRebalanceMinimum, Unit: emf.Count, Value: float64(rep.Plan.Min)})
+	} else {
+		h.d.Log.DebugContext(ctx, "rebalance: no round", "why", why, "skipped", rep.Skipped, "err", rep.Err)
+	}
+	return workers, listed
+}
+
 // notLive hands the owners that are not live members to the reaper.
 func (h *Handler) notLive(ctx context.Context, now time.Time, workers []codec.Worker, owners []string) {
 	live := map[string]bool{}
@@ -392,6 +426,9 @@ func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
 		rep, listed, rerr := h.d.Members.Reap(ctx, now)
 		h.logReap(ctx, "sweep", rep, rerr)
 		ws = listed
+	}
+	if h.d.Rounds != nil {
+		ws, _ = h.rebalance(ctx, now, ws, ws != nil, "sweep")
 	}
 	r, err := h.d.Sweeper.Run(ctx, now)
 	if h.d.Members != nil && len(r.NotLiveOwners) > 0 && ws != nil {
