@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
@@ -306,5 +308,63 @@ func TestWorkersOrder(t *testing.T) {
 	}
 	if fmt.Sprint(ids) != "[b a c]" {
 		t.Errorf("order %v", ids)
+	}
+}
+
+// Scale-in: two workers drain at once. The releases of one are never placed on the
+// other, whether the registry already says it drains (it is not offered) or not yet
+// (it answers draining and the ids go on to a live worker, even though the draining
+// one is the least loaded).
+func TestDeliverScaleInNeverPlacesOnADrainingWorker(t *testing.T) {
+	f := newFake(t)
+	f.by["late:8080"] = answer(wakeup.Draining) // draining, its registry item not yet renewed
+	f.by["live:8080"] = answer(wakeup.Acquired)
+	flagged := worker("flagged", 100, 0)
+	flagged.Draining = true
+	d := Delivery{Sender: f, Recent: &Recent{}}
+	ws := []codec.Worker{flagged, worker("late", 100, 0), worker("live", 100, 60)}
+	out := d.Deliver(context.Background(), ws, now, needs(20))
+	for id, o := range out {
+		if !o.Done || o.Worker != "live" || o.Result != wakeup.Acquired {
+			t.Errorf("%s: %+v, want acquired by live", id, o)
+		}
+	}
+	if got := f.offered(); got["flagged:8080"] != 0 {
+		t.Errorf("offered to the flagged draining worker: %v", got)
+	}
+	// The next batch, with the same registry view, offers late again (the pool lives
+	// one call; its next renew, within one renew interval, flags it), and again
+	// nothing lands on it.
+	for id, o := range d.Deliver(context.Background(), ws, now, needs(5)) {
+		if o.Worker != "live" {
+			t.Errorf("second batch: %s: %+v", id, o)
+		}
+	}
+}
+
+// A worker joining is its registry item inserted, or replaced by a new incarnation.
+func TestJoined(t *testing.T) {
+	wk := map[string]events.DynamoDBAttributeValue{schema.AttrPK: events.NewStringAttribute(schema.WorkerKey("w"))}
+	img := func(inc string) map[string]events.DynamoDBAttributeValue {
+		return map[string]events.DynamoDBAttributeValue{schema.AttrIncarnation: events.NewStringAttribute(inc)}
+	}
+	rec := func(event string, keys, old, new map[string]events.DynamoDBAttributeValue) events.DynamoDBEventRecord {
+		return events.DynamoDBEventRecord{EventName: event, Change: events.DynamoDBStreamRecord{Keys: keys, OldImage: old, NewImage: new}}
+	}
+	conn := map[string]events.DynamoDBAttributeValue{schema.AttrPK: events.NewStringAttribute(schema.ConnKey("c"))}
+	for name, tc := range map[string]struct {
+		r    events.DynamoDBEventRecord
+		want bool
+	}{
+		"insert":                {rec("INSERT", wk, nil, img("a")), true},
+		"new incarnation":       {rec("MODIFY", wk, img("a"), img("b")), true},
+		"renew":                 {rec("MODIFY", wk, img("a"), img("a")), false},
+		"gone (no incarnation)": {rec("MODIFY", wk, img("a"), map[string]events.DynamoDBAttributeValue{}), false},
+		"removed":               {rec("REMOVE", wk, img("a"), nil), false},
+		"a connection":          {rec("INSERT", conn, nil, img("a")), false},
+	} {
+		if got := Joined(tc.r); got != tc.want {
+			t.Errorf("%s: Joined = %v", name, got)
+		}
 	}
 }
