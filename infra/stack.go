@@ -267,15 +267,23 @@ func newReconciler(stack awscdk.Stack, p reconcilerProps) awslambda.Function {
 			// The sweep reads one scan segment per period, so it must know the
 			// schedule's period.
 			schema.EnvSweepPeriod: jsii.String(seconds(sweepPeriodSeconds)),
+			// Rebalance rounds (README, "Spreading load"): the defaults, written out so
+			// an operator sees and edits them on the function.
+			schema.EnvRebalance:            jsii.String("on"),
+			schema.EnvRebalanceTolerance:   jsii.String("0.1"),
+			schema.EnvRebalanceMaxFraction: jsii.String("0.1"),
+			schema.EnvRebalanceCooling:     jsii.String("5m"),
+			schema.EnvRebalanceMinInterval: jsii.String("5s"),
+			schema.EnvRebalanceSettle:      jsii.String("15s"),
 		},
 	})
 
 	// Exactly what the handler calls: reads and conditional updates (releases,
 	// sweep nudges, declaring members dead), Query on the lease_owner and registry
-	// indexes and BatchGetItem of the worker items the registry index lists,
-	// PutItem of tombstones and of a stopped task's gone item, DeleteItem of worker
-	// items lapsed an hour ago, and the sweep's Scan. The event source below adds the
-	// stream read; SnsDlq adds sns:Publish.
+	// indexes, BatchGetItem of the worker items the registry index lists and of a
+	// rebalance round's candidates, PutItem of tombstones and of a stopped task's
+	// gone item, DeleteItem of worker items lapsed an hour ago, and the sweep's
+	// Scan. The event source below adds the stream read; SnsDlq adds sns:Publish.
 	p.table.Grant(fn, jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"), jsii.String("dynamodb:Scan"))
 	fn.AddToRolePolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{

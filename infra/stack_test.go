@@ -400,11 +400,17 @@ func TestReconcilerFunction(t *testing.T) {
 	})
 	_, fn := only(t, j, "AWS::Lambda::Function", func(p obj) bool { return p["Handler"] == "bootstrap" })
 	wantSame(t, "reconciler environment", path(fn, "Environment", "Variables"), obj{
-		schema.EnvTable:           ref(x.table),
-		schema.EnvWakeupSecretARN: ref(x.secret),
-		schema.EnvClusterARN:      getAtt(x.cluster, "Arn"),
-		schema.EnvSkewMargin:      "2s",
-		schema.EnvSweepPeriod:     seconds(sweepPeriodSeconds),
+		schema.EnvTable:                ref(x.table),
+		schema.EnvWakeupSecretARN:      ref(x.secret),
+		schema.EnvClusterARN:           getAtt(x.cluster, "Arn"),
+		schema.EnvSkewMargin:           "2s",
+		schema.EnvSweepPeriod:          seconds(sweepPeriodSeconds),
+		schema.EnvRebalance:            "on",
+		schema.EnvRebalanceTolerance:   "0.1",
+		schema.EnvRebalanceMaxFraction: "0.1",
+		schema.EnvRebalanceCooling:     "5m",
+		schema.EnvRebalanceMinInterval: "5s",
+		schema.EnvRebalanceSettle:      "15s",
 	})
 	// In private subnets only.
 	for _, s := range path(fn, "VpcConfig", "SubnetIds").([]any) {
