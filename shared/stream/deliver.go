@@ -374,7 +374,7 @@ func Workers(ws []codec.Worker, now time.Time) []codec.Worker {
 
 // Recent remembers, per worker, the load it last reported in a wakeup reply (or,
 // from a worker that reports none, its load as counted after what it acquired),
-// for TTL. The registry's load is refreshed only once per renew interval (20 s by
+// for TTL. The registry's load is refreshed only once per renew interval (3 s by
 // default), so without this every stream batch of a burst sees the same idle
 // workers and sends everything to the same one.
 //
@@ -409,8 +409,9 @@ type seenLoad struct {
 }
 
 // Recent's defaults. The TTL outlasts the registry refresh that makes an entry
-// redundant: a worker rewrites its item every renew interval (20 s by default),
-// each write bounded by that interval, so after 40 s the registry is as new as
+// redundant: a worker rewrites its item every renew interval (3 s by default in
+// stream mode, 5 s in polling mode; operators may set up to tens of seconds), each
+// write bounded by that interval, so well within a minute the registry is as new as
 // any reply.
 const (
 	DefaultRecentTTL = time.Minute
