@@ -5,6 +5,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/functions/reconciler/handler"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
 	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/fleet"
@@ -60,11 +62,21 @@ func TestMain(m *testing.M) {
 	ddbtest.Main(m)
 }
 
-// recordingSender is the real wakeup client, remembering where it sent what.
+// recordingSender is the real wakeup client, remembering where it sent what, and
+// every handoff with its answer.
 type recordingSender struct {
 	wakeup.Client
-	mu    sync.Mutex
-	calls []string // addr/id
+	mu       sync.Mutex
+	calls    []string // addr/id
+	handoffs []handoff
+}
+
+// handoff is one move sent by a rebalance round.
+type handoff struct {
+	at     time.Time
+	addr   string
+	conn   wakeup.Conn
+	result wakeup.Result // "" if the owner did not answer
 }
 
 func (s *recordingSender) Send(ctx context.Context, addr string, req wakeup.Request) (wakeup.Response, error) {
@@ -73,7 +85,20 @@ func (s *recordingSender) Send(ctx context.Context, addr string, req wakeup.Requ
 		s.calls = append(s.calls, addr+"/"+c.ID)
 	}
 	s.mu.Unlock()
-	return s.Client.Send(ctx, addr, req)
+	at := time.Now()
+	resp, err := s.Client.Send(ctx, addr, req)
+	got := map[string]wakeup.Result{}
+	for _, r := range resp.Results {
+		got[r.ID] = r.Result
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range req.Conns {
+		if c.Reason == wakeup.Handoff {
+			s.handoffs = append(s.handoffs, handoff{at: at, addr: addr, conn: c, result: got[c.ID]})
+		}
+	}
+	return resp, err
 }
 
 func (s *recordingSender) sent(entry string) bool {
@@ -97,7 +122,8 @@ type stack struct {
 	sender *recordingSender
 	reg    *registry.Registry
 	store  *lease.Store
-	n      int // worker slots
+	n      int    // worker slots
+	dir    string // worker logs and sinks (<id>.sink)
 
 	mu      sync.Mutex
 	closing bool
@@ -113,8 +139,23 @@ func newStack(t *testing.T) *stack {
 // reconciler that gives each wakeup wakeupTimeout.
 func newStackOf(t *testing.T, workers, maxConns int, wakeupTimeout time.Duration) *stack {
 	t.Helper()
+	return newStackWith(t, stackOpts{workers: workers, maxConns: maxConns, wakeupTimeout: wakeupTimeout})
+}
+
+// stackOpts shapes a stack: rate is the upstream's messages per second per stream
+// (default 20); rounds, if set, runs rebalance rounds in the reconciler.
+type stackOpts struct {
+	workers, maxConns int
+	wakeupTimeout     time.Duration
+	rate              float64
+	rounds            *rounds.Config
+}
+
+func newStackWith(t *testing.T, o stackOpts) *stack {
+	t.Helper()
+	workers, maxConns, wakeupTimeout := o.workers, o.maxConns, o.wakeupTimeout
 	e := ddbtest.New(t)
-	up, err := demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: 20})
+	up, err := demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: cmp.Or(o.rate, 20)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,8 +171,14 @@ func newStackOf(t *testing.T, workers, maxConns int, wakeupTimeout time.Duration
 		t.Fatal(err)
 	}
 	s.sender = &recordingSender{Client: wakeup.Client{Secret: []byte(secret)}}
+	var rr *rounds.Rounds
+	if o.rounds != nil {
+		if rr, err = rounds.New(*o.rounds, &rounds.Reader{DB: e.DB, Table: e.Table}, s.sender, log); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: wakeupTimeout},
-		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log,
+		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log, Rounds: rr,
 			Members: &membership.Reaper{Registry: s.reg, Leases: s.store, Skew: membership.DefaultSkew, Log: log}})
 	if err != nil {
 		t.Fatal(err)
@@ -145,6 +192,7 @@ func newStackOf(t *testing.T, workers, maxConns int, wakeupTimeout time.Duration
 	go func() { defer close(done); _ = s.poller.Run(ctx, s.h.HandleStream) }()
 
 	logDir := t.TempDir()
+	s.dir = logDir
 	s.sup = &fleet.Supervisor{
 		Bin:    workerBin,
 		LogDir: logDir,

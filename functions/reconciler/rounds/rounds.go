@@ -342,8 +342,8 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 	return &flight{until: now.Add(r.cfg.Settle), expect: expect, slack: max(1, rep.Accepted()/10)}
 }
 
-// candidates lists donor's connections from the index and reads, in chunks, until
-// need of them may move (held by donor, started, not cooling). It returns the
+// candidates lists donor's connections from the index and reads, in chunks of twice
+// what is still missing, until need of them may move (held by donor, started, not cooling). It returns the
 // donor's connections for the planner: those read (with their moved_at, or, for a
 // move sent but not yet written, the time it was sent), and the unread ones as
 // cooling, so the planner picks only among what was read. Index entries that are
@@ -358,7 +358,9 @@ func (r *Rounds) candidates(ctx context.Context, now time.Time, donor string, ne
 	var out []rebalance.Conn
 	movable := 0
 	for len(ids) > 0 && movable < need {
-		n := min(len(ids), BatchLimit)
+		// Twice what is still missing: most connections are not cooling, so one
+		// small read usually suffices, and a cooling fleet reads more in later chunks.
+		n := min(len(ids), BatchLimit, 2*(need-movable))
 		chunk := ids[:n]
 		got, units, err := r.store.Read(ctx, chunk)
 		rep.ReadUnits += units
