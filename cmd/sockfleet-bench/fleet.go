@@ -41,7 +41,8 @@ type fleetSpec struct {
 	// RestartDelay is how long the supervisor takes to replace an exited worker.
 	RestartDelay time.Duration
 	// Env, if set, adds settings of the worker with id (after the ones above).
-	Env func(id string) []string
+	Env       func(id string) []string
+	NoRestart bool // an exited worker stays gone (a scale-in)
 }
 
 // benchFleet is a running fleet: its own engine, table, upstream, metering proxies
@@ -93,7 +94,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 	cfg := fleet.Config{
 		Dir: dir, Endpoint: f.engine.Endpoint, WorkerEndpoint: f.workers.Endpoint(), Table: f.table,
 		Cluster: "bench", Secret: "bench-secret-0123456789abcdef", Workers: spec.Workers,
-		WorkerBin: bins.Worker, Restart: true, RestartDelay: spec.RestartDelay, Log: log,
+		WorkerBin: bins.Worker, Restart: !spec.NoRestart, RestartDelay: spec.RestartDelay, Log: log,
 		WorkerEnv: func(_ int, id string) []string {
 			env := []string{schema.EnvLogLevel + "=info"}
 			if spec.MaxConnections > 0 {

@@ -50,6 +50,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the fleets' logs and sinks")
 	restart := flag.Duration("restart-delay", 20*time.Second, "how long a replacement for an exited worker takes to start "+
 		"(an ECS task takes tens of seconds); survivors must cover the gap")
+	rebalanceConns := flag.Int("rebalance", 0, "run only the rebalance scenario (3 → 5 → 3 workers) with this many connections")
 	from := flag.String("from", "", "render the report and the plot again from this results.json, without running fleets")
 	density := flag.Int("density", 0, "membership (stream mode): 2 workers holding this many connections each, idle then streaming; 0 skips it")
 	outage := flag.Duration("outage", 0, "membership (stream mode): cut the table off from the workers and the reconciler this long, "+
@@ -68,6 +69,15 @@ func main() {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		if err := runDeploy(ctx, *out, *deployConns, *deployRate); err != nil {
+			fmt.Fprintln(os.Stderr, "sockfleet-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *rebalanceConns > 0 {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		if err := rebalanceMain(ctx, *out, *rebalanceConns, *rebalanceConns/2); err != nil {
 			fmt.Fprintln(os.Stderr, "sockfleet-bench:", err)
 			os.Exit(1)
 		}
