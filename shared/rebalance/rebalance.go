@@ -1,8 +1,8 @@
 // Package rebalance plans a rebalancing round: which connections to move from which
 // worker to which, so that every worker ends near the mean utilisation with as few
-// moves as possible. It is pure logic: it reads nothing and writes nothing, and
-// nothing calls it yet (the moves need the membership protocol and a
-// make-before-break handoff, which come later).
+// moves as possible. It is pure logic: it reads nothing and writes nothing. The
+// reconciler's rebalance rounds (functions/reconciler/rounds) call it and send the
+// moves to the owners as handoff wakeups.
 //
 // # The target
 //
