@@ -38,8 +38,9 @@
 //     the version sent, and that the target is live and not draining. A stale read
 //     makes a move fail, never a wrong one.
 //   - No connection is moved twice within Cooling: the round reads moved_at_ms
-//     (written by the handoff) and also remembers the moves it sent, so a handoff
-//     that has not yet written its moved_at_ms is cooling too.
+//     (written by the handoff) and also remembers the moves its owners took on (or
+//     did not answer for), so a handoff that has not yet written its moved_at_ms is
+//     cooling too. A refused move is not remembered: nothing moved.
 //   - target_unavailable and other refusals are not retried within the round; the
 //     next round plans from the loads as they then are.
 //   - Each reconciler instance (one per stream shard) runs its own rounds. Two
@@ -305,10 +306,10 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 				resp, err := r.sender.Send(cctx, addr[owner].Addr, req)
 				mu.Lock()
 				defer mu.Unlock()
-				for _, c := range req.Conns {
-					sent[c.ID] = now // remembered even if unanswered: it may have been taken on
-				}
 				if err != nil {
+					for _, c := range req.Conns {
+						sent[c.ID] = now // unanswered: it may have been taken on, so it cools
+					}
 					rep.Unreachable += len(req.Conns)
 					r.log.WarnContext(ctx, "rebalance: handoff wakeup not delivered", "worker", owner, "moves", len(req.Conns), "err", err)
 					return
@@ -323,6 +324,9 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 						res = "unanswered"
 					}
 					rep.Results[res]++
+					if res == wakeup.HandingOff || !ok {
+						sent[c.ID] = now // taken on (or maybe): it cools; a refusal does not
+					}
 					if res == wakeup.HandingOff {
 						expect[owner]--
 						expect[to[c.ID]]++
