@@ -14,7 +14,8 @@
 // at all. Out of band, a round runs if:
 //   - no round ran in the last MinInterval, and
 //   - the previous round's accepted moves show in the workers' reported loads (within
-//     a tenth of them, or one), or Settle has passed since it was sent.
+//     a tenth of them, or one), or Settle has passed since it was sent. A round that
+//     moved nothing (all cooling, all refused) waits the whole of Settle.
 //
 // So rounds chain until the fleet is balanced, one per heartbeat that shows the
 // previous one done, and a round never plans from loads its predecessor is still
@@ -143,6 +144,10 @@ type flight struct {
 	until  time.Time
 	expect map[string]int // worker -> load once its moves are done
 	slack  int
+	// hold: nothing moved (every candidate cooling, every move refused, or a read
+	// failed), so the next round waits the whole of Settle rather than replanning
+	// the same thing on every heartbeat.
+	hold bool
 }
 
 // New returns Rounds. log may be nil.
@@ -268,7 +273,7 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 	plan, err := rebalance.Compute(planWorkers(eligible), loadConns(eligible, real, farFuture), now, r.cfg.Plan)
 	if err != nil {
 		rep.Err = errors.Join(rep.Err, err)
-		return &flight{until: now.Add(r.cfg.Settle)}
+		return &flight{until: now.Add(r.cfg.Settle), hold: true}
 	}
 	rep.Plan = plan
 	byOwner := map[string][]wakeup.Conn{}
@@ -343,7 +348,7 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 		}
 	}
 	r.mu.Unlock()
-	return &flight{until: now.Add(r.cfg.Settle), expect: expect, slack: max(1, rep.Accepted()/10)}
+	return &flight{until: now.Add(r.cfg.Settle), expect: expect, slack: max(1, rep.Accepted()/10), hold: rep.Accepted() == 0}
 }
 
 // candidates lists donor's connections from the index and reads, in chunks of twice
@@ -399,6 +404,9 @@ func (r *Rounds) candidates(ctx context.Context, now time.Time, donor string, ne
 
 // settled reports whether the loads of ws show the flight's moves.
 func (f *flight) settled(ws []codec.Worker) bool {
+	if f.hold {
+		return false
+	}
 	off := 0
 	for _, w := range ws {
 		if e, ok := f.expect[w.ID]; ok {

@@ -323,6 +323,11 @@ func TestRoundHonoursCooling(t *testing.T) {
 	if len(rep.Plan.Moves) != 0 || !rep.Plan.Cooling || rep.Sent != 0 {
 		t.Fatalf("moved cooling connections: %+v", rep)
 	}
+	// A round that moved nothing holds the next one for Settle, rather than reading
+	// the same cooling candidates on every heartbeat.
+	if rep := r.Check(context.Background(), t0.Add(DefaultMinInterval), f.list(), "heartbeat"); !strings.Contains(rep.Skipped, "do not show") {
+		t.Fatalf("not held after a round that moved nothing: %+v", rep)
+	}
 	// Past the cooling period they move.
 	rep = r.Check(context.Background(), t0.Add(5*time.Minute), f.list(), "heartbeat")
 	if rep.Accepted() != 2 {
