@@ -25,13 +25,18 @@
 // # What a round reads
 //
 // The workers come from the registry listing (live, not draining, with an address
-// and a capacity; draining or gone workers neither give nor take). A first plan from
-// the registry's loads names the donors and how many each gives. For each donor the
-// lease_owner index is queried (keys only), and only as many of its connections as
-// the plan needs (in chunks of BatchLimit, until enough of them are not cooling) are
-// read with an eventually consistent BatchGetItem for their lease version, owner and
-// moved_at_ms. The read units are counted (Report.ReadUnits). The round's plan is
-// then computed again with what was read, cooling included.
+// and a capacity; draining or gone workers neither give nor take). The registry's
+// loads only decide whether to look closer: they lag by up to a renew interval, and
+// a plan on them once moved connections onto a worker that already held them. So a
+// round counts each worker's connections from the lease_owner index (keys only, one
+// Query per worker), plans on those counts to name the donors and how many each
+// gives, and reads only as many of each donor's connections as that needs (in
+// chunks of twice what is still missing, until enough are not cooling) with an
+// eventually consistent BatchGetItem, for their lease version, owner and
+// moved_at_ms. The plan is then computed again with what was read, cooling
+// included; if cooling cut it short, the other workers above their band's floor are
+// read once too and it is computed a last time. The read units are counted
+// (Report.ReadUnits).
 //
 // # Guarantees and non-guarantees
 //
@@ -232,7 +237,7 @@ func (r *Rounds) Check(ctx context.Context, now time.Time, ws []codec.Worker, wh
 	sent := maps.Clone(r.sent)
 	r.mu.Unlock()
 
-	fl := r.round(ctx, now, eligible, quick, sent, &rep)
+	fl := r.round(ctx, now, eligible, sent, &rep)
 
 	r.mu.Lock()
 	r.running, r.flight = false, fl
@@ -253,24 +258,62 @@ func (r *Rounds) cooling() time.Duration {
 	return rebalance.DefaultCooling
 }
 
-// round reads the donors' candidates, plans, sends the moves and returns what the
-// loads should become.
-func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Worker, quick rebalance.Plan,
+// round counts each worker's connections from the index, reads the donors'
+// candidates, plans, sends the moves and returns what the loads should become.
+func (r *Rounds) round(ctx context.Context, now time.Time, registered []codec.Worker,
 	sent map[string]time.Time, rep *Report) *flight {
+	// The registry's loads lag by up to a renew interval; a plan on them can move
+	// connections onto a worker that already holds them. The index (keys only) is
+	// current to within its replication lag, so the round plans on its counts.
+	eligible := slices.Clone(registered)
+	owned := map[string][]string{}
+	for i, w := range eligible {
+		ids, units, err := r.store.OwnedBy(ctx, w.ID)
+		rep.ReadUnits += units
+		if err != nil {
+			rep.Err = err
+			return &flight{until: now.Add(r.cfg.Settle), hold: true}
+		}
+		owned[w.ID], eligible[i].Load = ids, len(ids)
+	}
+	rep.Conns = totalLoad(eligible)
+	quick, err := rebalance.Compute(planWorkers(eligible), loadConns(eligible, nil, time.Time{}), now, r.cfg.Plan)
+	if err != nil || quick.Min == 0 {
+		rep.Plan, rep.Err = quick, err
+		return nil // the registry was behind: balanced after all
+	}
+	real := map[string][]rebalance.Conn{} // worker -> its conns as read
+	cands := map[string]Candidate{}
+	var errs []error
+	read := func(w string, need int) {
+		conns, err := r.candidates(ctx, now, w, owned[w], need, sent, cands, rep)
+		errs = append(errs, err)
+		real[w] = conns
+	}
 	need := map[string]int{}
 	for _, m := range quick.Moves {
 		need[m.From]++
 	}
-	real := map[string][]rebalance.Conn{} // donor -> its conns as read
-	cands := map[string]Candidate{}
-	var errs []error
 	for _, donor := range slices.Sorted(maps.Keys(need)) {
-		conns, err := r.candidates(ctx, now, donor, need[donor], sent, cands, rep)
-		errs = append(errs, err)
-		real[donor] = conns
+		read(donor, need[donor])
+	}
+	plan, err := rebalance.Compute(planWorkers(eligible), loadConns(eligible, real, farFuture), now, r.cfg.Plan)
+	if short := len(quick.Moves) - len(plan.Moves); err == nil && short > 0 {
+		// Cooling cut the plan short: another worker above its band's floor may give
+		// instead. Read those once, and plan again.
+		band, _ := rebalance.Band(planWorkers(eligible), loadConns(eligible, nil, time.Time{}), r.cfg.Plan)
+		again := false
+		for _, w := range eligible {
+			if _, done := real[w.ID]; !done && w.Load > band[w.ID][0] {
+				read(w.ID, short)
+				again = true
+			}
+		}
+		if again {
+			plan, err = rebalance.Compute(planWorkers(eligible), loadConns(eligible, real, farFuture), now, r.cfg.Plan)
+		}
 	}
 	rep.Err = errors.Join(errs...)
-	plan, err := rebalance.Compute(planWorkers(eligible), loadConns(eligible, real, farFuture), now, r.cfg.Plan)
 	if err != nil {
 		rep.Err = errors.Join(rep.Err, err)
 		return &flight{until: now.Add(r.cfg.Settle), hold: true}
@@ -351,19 +394,14 @@ func (r *Rounds) round(ctx context.Context, now time.Time, eligible []codec.Work
 	return &flight{until: now.Add(r.cfg.Settle), expect: expect, slack: max(1, rep.Accepted()/10), hold: rep.Accepted() == 0}
 }
 
-// candidates lists donor's connections from the index and reads, in chunks of twice
-// what is still missing, until need of them may move (held by donor, started, not cooling). It returns the
-// donor's connections for the planner: those read (with their moved_at, or, for a
+// candidates takes donor's connections as the index lists them (ids) and reads, in
+// chunks of twice what is still missing, until need of them may move (held by
+// donor, started, not cooling). It returns the donor's connections for the planner: those read (with their moved_at, or, for a
 // move sent but not yet written, the time it was sent), and the unread ones as
 // cooling, so the planner picks only among what was read. Index entries that are
 // not donor's any more (released, or re-owned since) are left out.
-func (r *Rounds) candidates(ctx context.Context, now time.Time, donor string, need int, sent map[string]time.Time,
+func (r *Rounds) candidates(ctx context.Context, now time.Time, donor string, ids []string, need int, sent map[string]time.Time,
 	cands map[string]Candidate, rep *Report) ([]rebalance.Conn, error) {
-	ids, units, err := r.store.OwnedBy(ctx, donor)
-	rep.ReadUnits += units
-	if err != nil {
-		return nil, err
-	}
 	var out []rebalance.Conn
 	movable := 0
 	for len(ids) > 0 && movable < need {

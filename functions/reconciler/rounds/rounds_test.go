@@ -455,3 +455,53 @@ func TestReaderRejectsBadInput(t *testing.T) {
 		t.Error("bad id accepted")
 	}
 }
+
+// The registry's loads only trigger a round; the round plans on the index's counts,
+// so a stale registry load never makes a worker that already holds its share a
+// target.
+func TestRoundPlansOnIndexCounts(t *testing.T) {
+	f := newFleet(t, map[string]int{"a": 20, "b": 20, "c": 0}, 100)
+	f.workers["b"].Load = 0 // b's registry item predates its acquisitions
+	f.apply = false
+	r := f.rounds(Config{Plan: rebalance.Config{MaxFraction: 1}})
+	rep := r.Check(context.Background(), t0, f.list(), "worker joined")
+	if rep.Conns != 40 {
+		t.Fatalf("planned on %d connections, want the index's 40", rep.Conns)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, m := range f.moves {
+		if m.To != "c" {
+			t.Errorf("move %s to %s: only c is below its band", m.ID, m.To)
+		}
+	}
+	if len(f.moves) != rep.Plan.Min || rep.Plan.Min != 12 { // 40/3: band [12, 14]; c needs 12
+		t.Errorf("%d moves, minimum %d", len(f.moves), rep.Plan.Min)
+	}
+}
+
+// When the donor the first plan names has only cooling connections, another worker
+// above its band's floor gives what the bands allow it to: a holds 23 (over its
+// band [18, 22]), all cooling; b holds 22; c holds 15. b gives 2 to c, and a's
+// excess waits for its cooling to end.
+func TestRoundFindsAnotherDonorPastCooling(t *testing.T) {
+	f := newFleet(t, map[string]int{"a": 23, "b": 22, "c": 15}, 100)
+	for i := range 23 {
+		f.put(codec.Connection{ID: fmt.Sprintf("a-c%03d", i), DesiredState: schema.Started, WSURL: "ws://up/x",
+			LeaseOwner: "a", LeaseExpiresAtMs: schema.LeaseHeldByMember, LeaseVersion: 7,
+			MovedAtMs: t0.Add(-time.Minute).UnixMilli()})
+	}
+	f.apply = false
+	r := f.rounds(Config{})
+	rep := r.Check(context.Background(), t0, f.list(), "heartbeat")
+	if rep.Accepted() != 2 || rep.Plan.Min != 3 || !rep.Plan.Cooling {
+		t.Fatalf("%+v", rep)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i, m := range f.moves {
+		if from := f.owner[m.ID+"@"+fmt.Sprint(i+1)]; from != "b" || m.To != "c" {
+			t.Errorf("move %s from %s to %s, want b → c", m.ID, from, m.To)
+		}
+	}
+}
