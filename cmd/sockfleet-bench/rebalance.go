@@ -102,7 +102,7 @@ func runRebalance(ctx context.Context, bins fleet.Binaries, dir string, conns, c
 			res.Problems = append(res.Problems, "worker "+p.ID+" did not drain within 1 min")
 		}
 	}
-	if d, err := waitFor(shrink, 250*time.Millisecond, 3*time.Minute, "3 workers, every connection streaming, in band", func() bool {
+	if d, err := waitFor(shrink, 250*time.Millisecond, 90*time.Second, "3 workers, every connection streaming, in band", func() bool {
 		return f.oneClientEach(f.ids) && f.balanced(ctx, capacity)
 	}); err == nil {
 		res.ShrunkSec = d.Seconds()

@@ -149,6 +149,7 @@ type stackOpts struct {
 	wakeupTimeout     time.Duration
 	rate              float64
 	rounds            *rounds.Config
+	collector         *fleet.Collector // every worker's sink, if set (instead of a file)
 }
 
 func newStackWith(t *testing.T, o stackOpts) *stack {
@@ -198,11 +199,15 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 		LogDir: logDir,
 		Env: func(_ int, id string, port int) []string {
 			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			sink := "file:" + filepath.Join(logDir, id+".sink")
+			if o.collector != nil {
+				sink = o.collector.URL(id)
+			}
 			return append(e.Environ(),
 				schema.EnvTable+"="+e.Table, schema.EnvWorkerID+"="+id,
 				schema.EnvListenAddr+"="+addr, schema.EnvAdvertiseAddr+"="+addr,
 				schema.EnvWakeupSecret+"="+secret, schema.EnvMaxConnections+"="+strconv.Itoa(maxConns),
-				schema.EnvDrainTimeout+"=5s", schema.EnvSink+"=file:"+filepath.Join(logDir, id+".sink"))
+				schema.EnvDrainTimeout+"=5s", schema.EnvSink+"="+sink)
 		},
 		// Play ECS: a worker that exits becomes a task-stopped event.
 		OnExit: func(_ int, id string, exitErr error) {
