@@ -257,7 +257,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	if heartbeat && h.d.Rounds != nil && h.d.Rounds.Due(now) {
 		why := "heartbeat"
 		if joined {
-			why = "worker joined"
+			why = rounds.WhyJoined
 		}
 		workers, listed = h.rebalance(ctx, now, workers, listed, why)
 	}

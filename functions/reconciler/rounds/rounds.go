@@ -15,7 +15,9 @@
 //   - no round ran in the last MinInterval, and
 //   - the previous round's accepted moves show in the workers' reported loads (within
 //     a tenth of them, or one), or Settle has passed since it was sent. A round that
-//     moved nothing (all cooling, all refused) waits the whole of Settle.
+//     moved nothing (all refused, a failed read) waits the whole of Settle; one
+//     that cooling stopped waits until the first candidate it read cools. A worker
+//     joining (WhyJoined) checks at once even then.
 //
 // So rounds chain until the fleet is balanced, one per heartbeat that shows the
 // previous one done, and a round never plans from loads its predecessor is still
@@ -73,6 +75,10 @@ import (
 	"github.com/sockfleet/sockfleet/shared/stream"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
+
+// WhyJoined is the reason Check is given when a worker joined: it starts a round even
+// while a round that moved nothing holds the next one back.
+const WhyJoined = "worker joined"
 
 // Defaults.
 const (
@@ -221,7 +227,8 @@ func (r *Rounds) Check(ctx context.Context, now time.Time, ws []codec.Worker, wh
 	switch {
 	case r.running:
 		rep.Skipped = "a round is running"
-	case r.flight != nil && now.Before(r.flight.until) && !r.flight.settled(eligible):
+	case r.flight != nil && now.Before(r.flight.until) && !r.flight.settled(eligible) &&
+		!(r.flight.hold && why == WhyJoined):
 		rep.Skipped = "the previous round's moves do not show in the loads yet"
 	case quick.Min == 0:
 		rep.Skipped = "balanced"
@@ -285,8 +292,14 @@ func (r *Rounds) round(ctx context.Context, now time.Time, registered []codec.Wo
 	real := map[string][]rebalance.Conn{} // worker -> its conns as read
 	cands := map[string]Candidate{}
 	var errs []error
+	var cools time.Time // when the first candidate read as cooling cools
 	read := func(w string, need int) {
 		conns, err := r.candidates(ctx, now, w, owned[w], need, sent, cands, rep)
+		for _, c := range conns {
+			if end := c.MovedAt.Add(r.cooling()); !c.MovedAt.IsZero() && end.After(now) && (cools.IsZero() || end.Before(cools)) {
+				cools = end
+			}
+		}
 		errs = append(errs, err)
 		real[w] = conns
 	}
@@ -391,7 +404,13 @@ func (r *Rounds) round(ctx context.Context, now time.Time, registered []codec.Wo
 		}
 	}
 	r.mu.Unlock()
-	return &flight{until: now.Add(r.cfg.Settle), expect: expect, slack: max(1, rep.Accepted()/10), hold: rep.Accepted() == 0}
+	until := now.Add(r.cfg.Settle)
+	if rep.Accepted() == 0 && plan.Cooling && cools.After(until) {
+		// Nothing moved because what could move is cooling: nothing changes before
+		// the first of it cools, so wait until then (a worker joining still checks).
+		until = cools
+	}
+	return &flight{until: until, expect: expect, slack: max(1, rep.Accepted()/10), hold: rep.Accepted() == 0}
 }
 
 // candidates takes donor's connections as the index lists them (ids) and reads, in

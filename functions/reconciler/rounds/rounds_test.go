@@ -328,6 +328,15 @@ func TestRoundHonoursCooling(t *testing.T) {
 	if rep := r.Check(context.Background(), t0.Add(DefaultMinInterval), f.list(), "heartbeat"); !strings.Contains(rep.Skipped, "do not show") {
 		t.Fatalf("not held after a round that moved nothing: %+v", rep)
 	}
+	// It holds until the first of them cools (4 min from now), not just for Settle,
+	// so a fleet stuck on cooling is not read again on every settle period; a
+	// worker joining checks anyway.
+	if rep := r.Check(context.Background(), t0.Add(3*time.Minute), f.list(), "heartbeat"); !strings.Contains(rep.Skipped, "do not show") {
+		t.Fatalf("not held until the cooling ends: %+v", rep)
+	}
+	if rep := r.Check(context.Background(), t0.Add(3*time.Minute), f.list(), WhyJoined); rep.Skipped != "" || rep.Accepted() != 0 {
+		t.Fatalf("a join did not check (or moved cooling connections): %+v", rep)
+	}
 	// Past the cooling period they move.
 	rep = r.Check(context.Background(), t0.Add(5*time.Minute), f.list(), "heartbeat")
 	if rep.Accepted() != 2 {
