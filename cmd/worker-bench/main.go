@@ -103,12 +103,13 @@ func parseInts(s string) []int {
 }
 
 type bench struct {
-	dir    string
-	worker string // binary
-	up     string // binary
-	engine *dynoxide.Proc
-	db     *dynamodb.Client
-	tables int
+	dir     string
+	worker  string // binary
+	up      string // binary
+	engine  *dynoxide.Proc
+	db      *dynamodb.Client
+	tables  int
+	workers int
 }
 
 func run(idle, tput []int, dur time.Duration, size int) error {
@@ -171,6 +172,25 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 type proc struct {
 	cmd  *exec.Cmd
 	addr string
+	log  string // the worker's stderr (warnings and errors), kept to explain a failed run
+}
+
+// explain adds the end of the worker's log to err.
+func (p *proc) explain(err error) error {
+	if err == nil || p.log == "" {
+		return err
+	}
+	b, rerr := os.ReadFile(p.log)
+	if rerr != nil || len(b) == 0 {
+		return err
+	}
+	var lines []string // log records, not the metric lines the worker also writes to stderr
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, `"level":`) {
+			lines = append(lines, l)
+		}
+	}
+	return fmt.Errorf("%w; the worker's last log lines:\n%s", err, strings.Join(lines[max(0, len(lines)-15):], "\n"))
 }
 
 func (p *proc) stop() {
@@ -225,17 +245,24 @@ func (b *bench) startWorkerEnv(table string, max int, sink string, extra []strin
 		"AWS_ACCESS_KEY_ID=local", "AWS_SECRET_ACCESS_KEY=local",
 		schema.EnvTable+"="+table, schema.EnvWorkerID+"=bench", schema.EnvListenAddr+"="+addr,
 		schema.EnvMaxConnections+"="+strconv.Itoa(max), schema.EnvSink+"="+sink, schema.EnvSeqPath+"=seq",
-		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=error",
+		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=warn",
 		schema.EnvLease+"="+timings.lease.String(), schema.EnvRenewInterval+"="+timings.renew.String(),
 		schema.EnvRenewDeadline+"="+timings.deadline.String(),
 		schema.EnvSecretsFile+"="+filepath.Join(b.dir, "secrets.json"),
 	)
 	cmd.Env = append(cmd.Env, extra...)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	b.workers++
+	logPath := filepath.Join(b.dir, fmt.Sprintf("worker%d.log", b.workers))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close() // the child holds its own descriptor
+	cmd.Stdout, cmd.Stderr = io.Discard, logFile
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return &proc{cmd: cmd, addr: addr}, nil
+	return &proc{cmd: cmd, addr: addr, log: logPath}, nil
 }
 
 // metric reads one counter from the worker's /metrics.
@@ -364,11 +391,11 @@ func (b *bench) memory(n int) error {
 	}
 	defer w.stop()
 	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), 5*time.Minute); err != nil {
-		return err
+		return w.explain(err)
 	}
 	// Owned is counted at acquisition; wait until every socket is up too.
 	if err := waitUpstreamClients(up.addr, n, 2*time.Minute); err != nil {
-		return err
+		return w.explain(err)
 	}
 	took := time.Since(start)
 	time.Sleep(5 * time.Second) // settle
@@ -377,7 +404,7 @@ func (b *bench) memory(n int) error {
 		return err
 	}
 	if f, _ := metric(w.addr, "sockfleet_self_fences_total"); f != 0 {
-		return fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f)
+		return w.explain(fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f))
 	}
 	per := float64(rss-base) / float64(n)
 	fmt.Printf("| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
