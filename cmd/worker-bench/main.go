@@ -19,6 +19,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -175,22 +176,36 @@ type proc struct {
 	log  string // the worker's stderr (warnings and errors), kept to explain a failed run
 }
 
-// explain adds the end of the worker's log to err.
+// explain adds to err a summary of the worker's log: each distinct message, how
+// often it was logged, and its first record (the first is usually the cause).
 func (p *proc) explain(err error) error {
 	if err == nil || p.log == "" {
 		return err
 	}
 	b, rerr := os.ReadFile(p.log)
-	if rerr != nil || len(b) == 0 {
+	if rerr != nil {
 		return err
 	}
-	var lines []string // log records, not the metric lines the worker also writes to stderr
+	var order []string
+	first, count := map[string]string{}, map[string]int{}
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.Contains(l, `"level":`) {
-			lines = append(lines, l)
+		var rec struct{ Msg string }
+		if !strings.Contains(l, `"level":`) || json.Unmarshal([]byte(l), &rec) != nil {
+			continue // the metric lines the worker also writes to stderr
 		}
+		if count[rec.Msg] == 0 {
+			order, first[rec.Msg] = append(order, rec.Msg), l
+		}
+		count[rec.Msg]++
 	}
-	return fmt.Errorf("%w; the worker's last log lines:\n%s", err, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	if len(order) == 0 {
+		return err
+	}
+	var sum strings.Builder
+	for _, m := range order {
+		fmt.Fprintf(&sum, "\n%d× %s", count[m], first[m])
+	}
+	return fmt.Errorf("%w; the worker's log, first record of each message:%s", err, sum.String())
 }
 
 func (p *proc) stop() {
