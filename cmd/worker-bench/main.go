@@ -61,6 +61,7 @@ func main() {
 	flag.IntVar(&kin.latConns, "kinesis-latency-conns", 100, "connections of the Kinesis latency and stall runs")
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
+	flag.StringVar(&timings.mode, "mode", "", "worker mode (SOCKFLEET_MODE): stream or polling; empty: the worker's default")
 	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
@@ -69,7 +70,10 @@ func main() {
 	}
 }
 
-var timings struct{ lease, renew, deadline time.Duration }
+var timings struct {
+	lease, renew, deadline time.Duration
+	mode                   string
+}
 
 var kin struct {
 	conns    string
@@ -139,9 +143,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 	b.db = dynamodb.NewFromConfig(localConfig(), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
 
 	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
-	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
+	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker mode %q, lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
 		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"),
-		timings.lease, timings.renew, timings.deadline, withSpec)
+		timings.mode, timings.lease, timings.renew, timings.deadline, withSpec)
 
 	if len(idle) > 0 {
 		header(false, "idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
@@ -265,6 +269,9 @@ func (b *bench) startWorkerEnv(table string, max int, sink string, extra []strin
 		schema.EnvRenewDeadline+"="+timings.deadline.String(),
 		schema.EnvSecretsFile+"="+filepath.Join(b.dir, "secrets.json"),
 	)
+	if timings.mode != "" {
+		cmd.Env = append(cmd.Env, schema.EnvMode+"="+timings.mode)
+	}
 	cmd.Env = append(cmd.Env, extra...)
 	b.workers++
 	logPath := filepath.Join(b.dir, fmt.Sprintf("worker%d.log", b.workers))
