@@ -19,6 +19,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -60,6 +61,7 @@ func main() {
 	flag.IntVar(&kin.latConns, "kinesis-latency-conns", 100, "connections of the Kinesis latency and stall runs")
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
+	flag.StringVar(&timings.mode, "mode", "", "worker mode (SOCKFLEET_MODE): stream or polling; empty: the worker's default")
 	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
@@ -68,7 +70,10 @@ func main() {
 	}
 }
 
-var timings struct{ lease, renew, deadline time.Duration }
+var timings struct {
+	lease, renew, deadline time.Duration
+	mode                   string
+}
 
 var kin struct {
 	conns    string
@@ -103,12 +108,13 @@ func parseInts(s string) []int {
 }
 
 type bench struct {
-	dir    string
-	worker string // binary
-	up     string // binary
-	engine *dynoxide.Proc
-	db     *dynamodb.Client
-	tables int
+	dir     string
+	worker  string // binary
+	up      string // binary
+	engine  *dynoxide.Proc
+	db      *dynamodb.Client
+	tables  int
+	workers int
 }
 
 func run(idle, tput []int, dur time.Duration, size int) error {
@@ -137,9 +143,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 	b.db = dynamodb.NewFromConfig(localConfig(), func(o *dynamodb.Options) { o.BaseEndpoint = aws.String(b.engine.Endpoint) })
 
 	goVersion, _ := exec.Command("go", "env", "GOVERSION").Output()
-	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
+	fmt.Printf("machine: %d cores (nproc), %s, %s, fd limit %d, %s; worker mode %q, lease %s, renew every %s, deadline %s; idle connections with a spec: %v\n\n",
 		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"),
-		timings.lease, timings.renew, timings.deadline, withSpec)
+		timings.mode, timings.lease, timings.renew, timings.deadline, withSpec)
 
 	if len(idle) > 0 {
 		header(false, "idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
@@ -171,6 +177,39 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 type proc struct {
 	cmd  *exec.Cmd
 	addr string
+	log  string // the worker's stderr (warnings and errors), kept to explain a failed run
+}
+
+// explain adds to err a summary of the worker's log: each distinct message, how
+// often it was logged, and its first record (the first is usually the cause).
+func (p *proc) explain(err error) error {
+	if err == nil || p.log == "" {
+		return err
+	}
+	b, rerr := os.ReadFile(p.log)
+	if rerr != nil {
+		return err
+	}
+	var order []string
+	first, count := map[string]string{}, map[string]int{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var rec struct{ Msg string }
+		if !strings.Contains(l, `"level":`) || json.Unmarshal([]byte(l), &rec) != nil {
+			continue // the metric lines the worker also writes to stderr
+		}
+		if count[rec.Msg] == 0 {
+			order, first[rec.Msg] = append(order, rec.Msg), l
+		}
+		count[rec.Msg]++
+	}
+	if len(order) == 0 {
+		return err
+	}
+	var sum strings.Builder
+	for _, m := range order {
+		fmt.Fprintf(&sum, "\n%d× %s", count[m], first[m])
+	}
+	return fmt.Errorf("%w; the worker's log, first record of each message:%s", err, sum.String())
 }
 
 func (p *proc) stop() {
@@ -225,17 +264,27 @@ func (b *bench) startWorkerEnv(table string, max int, sink string, extra []strin
 		"AWS_ACCESS_KEY_ID=local", "AWS_SECRET_ACCESS_KEY=local",
 		schema.EnvTable+"="+table, schema.EnvWorkerID+"=bench", schema.EnvListenAddr+"="+addr,
 		schema.EnvMaxConnections+"="+strconv.Itoa(max), schema.EnvSink+"="+sink, schema.EnvSeqPath+"=seq",
-		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=error",
+		schema.EnvWakeupSecret+"=bench-secret-0123456789", schema.EnvLogLevel+"=warn",
 		schema.EnvLease+"="+timings.lease.String(), schema.EnvRenewInterval+"="+timings.renew.String(),
 		schema.EnvRenewDeadline+"="+timings.deadline.String(),
 		schema.EnvSecretsFile+"="+filepath.Join(b.dir, "secrets.json"),
 	)
+	if timings.mode != "" {
+		cmd.Env = append(cmd.Env, schema.EnvMode+"="+timings.mode)
+	}
 	cmd.Env = append(cmd.Env, extra...)
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	b.workers++
+	logPath := filepath.Join(b.dir, fmt.Sprintf("worker%d.log", b.workers))
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close() // the child holds its own descriptor
+	cmd.Stdout, cmd.Stderr = io.Discard, logFile
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	return &proc{cmd: cmd, addr: addr}, nil
+	return &proc{cmd: cmd, addr: addr, log: logPath}, nil
 }
 
 // metric reads one counter from the worker's /metrics.
@@ -364,11 +413,11 @@ func (b *bench) memory(n int) error {
 	}
 	defer w.stop()
 	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), 5*time.Minute); err != nil {
-		return err
+		return w.explain(err)
 	}
 	// Owned is counted at acquisition; wait until every socket is up too.
 	if err := waitUpstreamClients(up.addr, n, 2*time.Minute); err != nil {
-		return err
+		return w.explain(err)
 	}
 	took := time.Since(start)
 	time.Sleep(5 * time.Second) // settle
@@ -377,7 +426,7 @@ func (b *bench) memory(n int) error {
 		return err
 	}
 	if f, _ := metric(w.addr, "sockfleet_self_fences_total"); f != 0 {
-		return fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f)
+		return w.explain(fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f))
 	}
 	per := float64(rss-base) / float64(n)
 	fmt.Printf("| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))

@@ -115,8 +115,8 @@ type socket struct {
 	started    bool
 	readErr    chan error
 	readerDone chan struct{}
-	writerDone chan struct{}
-	done       chan struct{} // closed to stop the writer (it sends the close frame)
+	done       chan struct{} // closed when the socket closes: the reader stops queueing
+	w          writer        // pings and the keepalive, on a timer (see writer.go)
 	stopping   atomic.Bool   // the reader is to stop: the stream rotates to another socket
 	failure    atomic.Pointer[error]
 	lastPong   atomic.Int64 // unix ns
@@ -474,12 +474,11 @@ func classifyReadErr(err error) error {
 	return fmt.Errorf("read: %w", err)
 }
 
-// start runs sock's reader and writer.
+// start runs sock's reader goroutine and arms its writer.
 func (s *Stream) start(sock *socket, st readState, msgs chan<- sink.Message, rotate chan<- struct{}) {
 	sock.started = true
 	sock.readErr = make(chan error, 1)
 	sock.readerDone = make(chan struct{})
-	sock.writerDone = make(chan struct{})
 	sock.done = make(chan struct{})
 	sock.queued.Store(st.last)
 	go func() {
@@ -489,25 +488,24 @@ func (s *Stream) start(sock *socket, st readState, msgs chan<- sink.Message, rot
 		sock.final = t.st
 		sock.readErr <- err
 	}()
-	go func() {
-		defer close(sock.writerDone)
-		s.write(sock)
-	}()
+	s.startWriter(sock)
 }
 
-// closeSocket sends the close frame, waits up to CloseWait for the upstream's
-// reply (so the upstream sees a clean close, not 1006), then closes the socket and
-// waits for its goroutines.
+// closeSocket stops the writer, sends the close frame, waits up to CloseWait for
+// the upstream's reply (so the upstream sees a clean close, not 1006), then closes
+// the socket and waits for its reader.
 func (s *Stream) closeSocket(sock *socket) {
 	defer s.sockets.Add(-1)
+	if sock.started {
+		sock.w.stop() // no ping or keepalive after the close frame
+		close(sock.done)
+	}
+	_ = sock.conn.WriteControl(websocket.CloseMessage,
+		websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(s.cfg.CloseWait))
 	if !sock.started {
-		_ = sock.conn.WriteControl(websocket.CloseMessage,
-			websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(s.cfg.CloseWait))
 		sock.conn.Close()
 		return
 	}
-	close(sock.done)
-	<-sock.writerDone
 	t := time.NewTimer(s.cfg.CloseWait)
 	select {
 	case <-sock.readerDone:
@@ -648,80 +646,6 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 			return nil
 		}
 	}
-}
-
-// write is the socket's only writer: pings, the keepalive, the pong and idle
-// checks, and the close frame at the end.
-func (s *Stream) write(sock *socket) {
-	conn := sock.conn
-	ping := time.NewTicker(s.cfg.PingPeriod)
-	defer ping.Stop()
-	spec := s.set.spec
-	var keepalive, idle <-chan time.Time
-	ka := spec.Keepalive
-	if ka != nil {
-		t := time.NewTicker(ka.Interval)
-		defer t.Stop()
-		keepalive = t.C
-	}
-	if spec.IdleTimeout > 0 {
-		t := time.NewTicker(max(spec.IdleTimeout/4, 100*time.Millisecond))
-		defer t.Stop()
-		idle = t.C
-	}
-	pongTimer := time.NewTimer(time.Hour)
-	pongTimer.Stop()
-	defer pongTimer.Stop()
-	var sentAt int64 // unix ns of the keepalive whose pong is awaited; 0: none
-	for {
-		select {
-		case <-sock.done:
-			_ = conn.WriteControl(websocket.CloseMessage,
-				websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(s.cfg.CloseWait))
-			return
-		case <-ping.C:
-			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.cfg.WriteWait)); err != nil {
-				conn.Close() // unblocks the reader, which reports the failure
-				return
-			}
-		case <-keepalive:
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteWait)
-			msg, err := s.expand(ctx, ka.Message, s.LastSeq())
-			cancel()
-			if err != nil {
-				sock.fail(fmt.Errorf("%s: %w", schema.AttrKeepalive, err))
-				return
-			}
-			_ = conn.SetWriteDeadline(time.Now().Add(s.cfg.WriteWait))
-			if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {
-				conn.Close()
-				return
-			}
-			if ka.Pong != "" && sentAt == 0 {
-				sentAt = time.Now().UnixNano()
-				pongTimer.Reset(cmpOr(ka.PongTimeout, ka.Interval))
-			}
-		case <-pongTimer.C:
-			if sock.lastPong.Load() < sentAt {
-				s.cfg.Metrics.OpenFailures.Add(1)
-				sock.fail(fmt.Errorf("%s: no reply containing %q within %s", schema.AttrKeepalive, ka.Pong, cmpOr(ka.PongTimeout, ka.Interval)))
-				return
-			}
-			sentAt = 0
-		case <-idle:
-			if err := s.checkIdle(sock); err != nil {
-				sock.fail(err)
-				return
-			}
-		}
-	}
-}
-
-func cmpOr(a, b time.Duration) time.Duration {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 // checkIdle sets status idle once no data message came for idle_timeout, and with

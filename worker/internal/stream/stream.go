@@ -2,9 +2,11 @@
 // acknowledged sequence, read, hand messages to the sink, and reconnect with
 // exponential backoff and jitter when the upstream refuses or drops it.
 //
-// Guarantees: one reader and one writer goroutine per socket, with ping/pong
-// deadlines, a read limit and a handshake timeout; LastSeq only moves after the sink
-// acknowledged; Run returns only after every goroutine it started has exited. A
+// Guarantees: one reader goroutine per socket and one writer at a time (the open
+// messages from the connecting goroutine, then pings and the keepalive from the
+// socket's timer, never two at once), with ping/pong deadlines, a read limit and a
+// handshake timeout; LastSeq only moves after the sink acknowledged; Run returns
+// only after every goroutine it started has exited and no socket timer can fire. A
 // malformed frame is counted and handled by the BadPolicy; it never stops the stream.
 //
 // Non-guarantee: this package knows nothing of leases. Its caller (the ownership
