@@ -508,7 +508,7 @@ func (s *Store) ownerWriteIf(ctx context.Context, op string, l Lease, update, co
 	if _, ok := vals[":stopped"]; ok || strings.Contains(cond, "#d") {
 		in.ExpressionAttributeNames["#d"] = schema.AttrDesiredState
 	}
-	if _, ok := vals[":to"]; ok {
+	if strings.Contains(update, "#ma") {
 		in.ExpressionAttributeNames["#ma"] = schema.AttrMovedAt
 	}
 	if _, ok := vals[":qe"]; ok {

@@ -17,7 +17,8 @@ const StatusHandedOff = "handed_off"
 // lease_version = l.Version AND desired_state = STARTED (docs/HANDOFF.md): owner = to,
 // a new fencing version from the same hybrid logical clock as Acquire (at least
 // l.Version + 1 and at least the wall clock in ms), last_seq and epoch from p,
-// moved_at_ms = now, status handed_off, and the expiry an acquire writes (in stream
+// moved_at_ms = now when rebalance (a rebalance move starts the connection's cooling
+// period; a forced move — a drain — leaves moved_at_ms as it was), status handed_off, and the expiry an acquire writes (in stream
 // mode schema.LeaseHeldByMember: the lease lasts as long as to's membership). It
 // returns the new lease, as to holds it.
 //
@@ -28,7 +29,7 @@ const StatusHandedOff = "handed_off"
 // the caller must assume neither owner holds it safely (see docs/HANDOFF.md).
 // An ambiguous outcome is resolved by reading the item back; an operator's edit of
 // the lease fields is repaired as for every owner write.
-func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress) (Lease, error) {
+func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress, rebalance bool) (Lease, error) {
 	if err := validIDs(l.ID, to); err != nil {
 		return Lease{}, fmt.Errorf("transfer %s: %w", l.ID, err)
 	}
@@ -39,7 +40,10 @@ func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress) (L
 	nv := max(l.Version+1, now)
 	exp := s.expiry(now)
 	note := fmt.Sprintf("handed off from %s (version %d)", l.Owner, l.Version)
-	set := "SET #o = :to, #v = :nv, #e = :exp, #ls = :seq, #ma = :now, #st = :st, #sa = :now, #se = :se"
+	set := "SET #o = :to, #v = :nv, #e = :exp, #ls = :seq, #st = :st, #sa = :now, #se = :se"
+	if rebalance {
+		set += ", #ma = :now"
+	}
 	vals := map[string]types.AttributeValue{
 		":to": codec.S(to), ":nv": codec.N(nv), ":exp": codec.N(exp), ":seq": codec.N(p.LastSeq),
 		":now": codec.N(now), ":st": codec.S(StatusHandedOff), ":se": codec.S(note),

@@ -27,7 +27,7 @@ func TestTransfer(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := time.Now().UnixMilli()
-	nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 42, Epoch: 3})
+	nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 42, Epoch: 3}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,9 +54,42 @@ func TestTransfer(t *testing.T) {
 		t.Fatalf("new owner's checkpoint: %v", err)
 	}
 	// A second transfer back gets a higher version again.
-	back, err := s.Transfer(f.ctx, nl, "w1", lease.Progress{LastSeq: 43})
+	back, err := s.Transfer(f.ctx, nl, "w1", lease.Progress{LastSeq: 43}, true)
 	if err != nil || back.Version <= nl.Version {
 		t.Fatalf("transfer back: %+v %v", back, err)
+	}
+}
+
+// A forced move (a drain) does not start the cooling period: moved_at_ms keeps the
+// last rebalance move's time, so rounds may even out what a drain left uneven.
+func TestTransferForcedKeepsMovedAt(t *testing.T) {
+	f := newFixture(t)
+	s := f.memberStore()
+	f.put(codec.Connection{ID: "c1", DesiredState: schema.Started, WSURL: "ws://h/c1"})
+	l, err := s.Acquire(f.ctx, "c1", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 4}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := f.get("c1"); c.LeaseOwner != "w2" || c.MovedAtMs != 0 {
+		t.Fatalf("after a forced transfer: owner %q, moved_at_ms %d, want w2 and never moved", c.LeaseOwner, c.MovedAtMs)
+	}
+	nl, err = s.Transfer(f.ctx, nl, "w3", lease.Progress{LastSeq: 5}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := f.get("c1").MovedAtMs
+	if moved == 0 {
+		t.Fatal("a rebalance transfer wrote no moved_at_ms")
+	}
+	if _, err := s.Transfer(f.ctx, nl, "w1", lease.Progress{LastSeq: 6}, false); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.get("c1"); c.LeaseOwner != "w1" || c.MovedAtMs != moved {
+		t.Fatalf("after a forced transfer: owner %q, moved_at_ms %d, want w1 and %d kept", c.LeaseOwner, c.MovedAtMs, moved)
 	}
 }
 
@@ -87,7 +120,7 @@ func TestTransferRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := s.Transfer(f.ctx, tc.l, tc.to, lease.Progress{LastSeq: 9}); !errors.Is(err, tc.want) {
+			if _, err := s.Transfer(f.ctx, tc.l, tc.to, lease.Progress{LastSeq: 9}, true); !errors.Is(err, tc.want) {
 				t.Fatalf("got %v, want %v", err, tc.want)
 			}
 			if got := f.raw("c1"); !equalItems(got, orig) {
@@ -101,7 +134,7 @@ func TestTransferRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.putRaw(withAttr(f.raw("c2"), schema.AttrDesiredState, codec.S(string(schema.Stopped))))
-	if _, err := s.Transfer(f.ctx, l2, "w2", lease.Progress{LastSeq: 9}); !errors.Is(err, lease.ErrNotStarted) {
+	if _, err := s.Transfer(f.ctx, l2, "w2", lease.Progress{LastSeq: 9}, true); !errors.Is(err, lease.ErrNotStarted) {
 		t.Fatalf("transfer of a stopped connection: %v, want ErrNotStarted", err)
 	}
 	if c := f.get("c2"); c.LeaseOwner != "w1" || c.LeaseVersion != l2.Version {
@@ -111,7 +144,7 @@ func TestTransferRefusals(t *testing.T) {
 		t.Fatalf("the old owner still releases a refused transfer: %v", err)
 	}
 	f.del("c2")
-	if _, err := s.Transfer(f.ctx, l2, "w2", lease.Progress{}); !errors.Is(err, lease.ErrNotFound) {
+	if _, err := s.Transfer(f.ctx, l2, "w2", lease.Progress{}, true); !errors.Is(err, lease.ErrNotFound) {
 		t.Fatalf("transfer of a deleted connection: %v, want ErrNotFound", err)
 	}
 }
@@ -135,7 +168,7 @@ func TestTransferAmbiguousOutcome(t *testing.T) {
 				t.Fatal(err)
 			}
 			d.drop["UpdateItem"] = 1
-			nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 7})
+			nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 7}, true)
 			if err != nil {
 				t.Fatalf("transfer whose response was dropped: %v", err)
 			}
@@ -144,12 +177,12 @@ func TestTransferAmbiguousOutcome(t *testing.T) {
 			}
 			// Applied by someone else meanwhile (not ours): the read-back says lost.
 			d.drop["UpdateItem"] = 1
-			if _, err := s.Transfer(f.ctx, l, "w3", lease.Progress{LastSeq: 8}); !errors.Is(err, lease.ErrLost) {
+			if _, err := s.Transfer(f.ctx, l, "w3", lease.Progress{LastSeq: 8}, true); !errors.Is(err, lease.ErrLost) {
 				t.Fatalf("stale transfer with a dropped response: %v, want ErrLost", err)
 			}
 			// Never applied: unavailable, and the lease is still the owner's.
 			d.fail["UpdateItem"] = attempts
-			if _, err := s.Transfer(f.ctx, nl, "w1", lease.Progress{LastSeq: 9}); !errors.Is(err, lease.ErrUnavailable) {
+			if _, err := s.Transfer(f.ctx, nl, "w1", lease.Progress{LastSeq: 9}, true); !errors.Is(err, lease.ErrUnavailable) {
 				t.Fatalf("failed transfer: %v, want ErrUnavailable", err)
 			}
 			if c := f.get("c1"); c.LeaseOwner != "w2" || c.LeaseVersion != nl.Version || c.LastSeq != 7 {
@@ -172,7 +205,7 @@ func TestTransferRepairsADeletedVersion(t *testing.T) {
 	it := f.raw("c1")
 	delete(it, schema.AttrLeaseVersion)
 	f.putRaw(it)
-	nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 5})
+	nl, err := s.Transfer(f.ctx, l, "w2", lease.Progress{LastSeq: 5}, true)
 	if err != nil {
 		t.Fatalf("transfer after the version was deleted: %v", err)
 	}

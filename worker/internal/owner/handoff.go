@@ -74,7 +74,7 @@ type Peer interface {
 
 // HandoffStore is the part of the lease store handoffs use.
 type HandoffStore interface {
-	Transfer(ctx context.Context, l lease.Lease, to string, p lease.Progress) (lease.Lease, error)
+	Transfer(ctx context.Context, l lease.Lease, to string, p lease.Progress, rebalance bool) (lease.Lease, error)
 	Get(ctx context.Context, id string) (codec.Connection, error)
 	Checkpoint(ctx context.Context, l lease.Lease, p lease.Progress) (codec.Connection, error)
 	Release(ctx context.Context, l lease.Lease, p lease.Progress) error
@@ -544,7 +544,7 @@ func (m *Manager) cutOver(o *owned, p lease.Progress) {
 	t := o.target.Load()
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
 	defer cancel()
-	nl, err := m.ho.cfg.Store.Transfer(ctx, o.lease, t.ID, p)
+	nl, err := m.ho.cfg.Store.Transfer(ctx, o.lease, t.ID, p, o.rebalance.Load())
 	req := handoff.Request{Conn: o.lease.ID, From: m.cfg.WorkerID, To: t.ID, Version: o.lease.Version}
 	switch {
 	case err == nil:
@@ -648,6 +648,7 @@ func (m *Manager) wakeHandoff(ctx context.Context, o *owned, c wakeup.Conn, targ
 	if !o.handing.CompareAndSwap(false, true) {
 		return wakeup.HandingOff, "already handing off"
 	}
+	o.rebalance.Store(true)
 	t := ws[i]
 	m.mu.Lock()
 	defer m.mu.Unlock()

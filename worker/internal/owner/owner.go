@@ -210,6 +210,7 @@ type owned struct {
 	// target once its standby is ready (read by the session's cut-over); why it fell
 	// back to a release; whether the transfer was written.
 	handing     atomic.Bool
+	rebalance   atomic.Bool // the handoff is a rebalance move: it starts the cooling period
 	target      atomic.Pointer[codec.Worker]
 	fallback    atomic.Pointer[string]
 	transferred atomic.Bool
