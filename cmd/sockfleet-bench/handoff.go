@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorilla/websocket"
 	"github.com/sockfleet/sockfleet/shared/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
@@ -44,8 +45,11 @@ type DeployResult struct {
 	BaseMs     float64   `json:"base_delay_ms"` // median arrival minus production time
 	GapMs      []float64 `json:"gap_ms"`        // per move: the stall between the two owners' messages
 	DrainMs    []float64 `json:"drain_ms"`
-	OverlapMs  float64   `json:"longest_two_sockets_ms"`
-	Err        string    `json:"error,omitempty"`
+	// DialMs: WebSocket dials to the same upstream from this process while the fleet
+	// runs (TCP connect and handshake, then a close): "one dial time" on this machine.
+	DialMs    []float64 `json:"dial_ms"`
+	OverlapMs float64   `json:"longest_two_sockets_ms"`
+	Err       string    `json:"error,omitempty"`
 }
 
 func runDeploy(ctx context.Context, out string, conns int, rate float64) error {
@@ -104,6 +108,7 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 		return res
 	}
 	time.Sleep(3 * time.Second)
+	res.DialMs = measureDials(ctx, f.up.URL, 200)
 	for slot := range spec.Workers {
 		p := f.stack.Sup.Get(slot)
 		start := time.Now()
@@ -161,18 +166,42 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 	return res
 }
 
+// measureDials dials n probe streams of the upstream one after the other and returns
+// each dial's time (connect and handshake), sorted.
+func measureDials(ctx context.Context, url func(id string) string, n int) []float64 {
+	var out []float64
+	for i := range n {
+		start := time.Now()
+		c, _, err := websocket.DefaultDialer.DialContext(ctx, url(fmt.Sprintf("dial-probe-%d", i)), nil)
+		if err != nil {
+			continue
+		}
+		out = append(out, ms1(time.Since(start)))
+		c.Close()
+	}
+	slices.Sort(out)
+	return out
+}
+
 func printDeploy(r *DeployResult) {
 	if r.Err != "" {
 		fmt.Printf("%s: error: %s\n", r.Path, r.Err)
 	}
-	q := func(p float64) float64 {
-		if len(r.GapMs) == 0 {
-			return 0
-		}
-		return r.GapMs[min(len(r.GapMs)-1, int(p*float64(len(r.GapMs))))]
-	}
+	q := func(p float64) float64 { return quantile(r.GapMs, p) }
 	fmt.Printf("%s: %d workers, %d connections, %d moves; missing %d, duplicates %d, serial %d/%d; "+
 		"%.0f msg/s each, usual delay %.0f ms; stall at a move p50 %.1f ms, p99 %.1f ms, max %.1f ms; drains %.0f ms; longest two sockets %.0f ms\n",
 		r.Path, r.Workers, r.Conns, r.Moves, r.Missing, r.Duplicates, r.Serial, r.Conns, r.Rate, r.BaseMs,
 		q(0.5), q(0.99), q(1), r.DrainMs, r.OverlapMs)
+	if len(r.DialMs) > 0 {
+		fmt.Printf("%s: one dial to the upstream, %d dials while the fleet ran: p50 %.1f ms, p99 %.1f ms\n",
+			r.Path, len(r.DialMs), quantile(r.DialMs, 0.5), quantile(r.DialMs, 0.99))
+	}
+}
+
+// quantile of sorted xs (0 if empty).
+func quantile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	return xs[min(len(xs)-1, int(p*float64(len(xs))))]
 }
