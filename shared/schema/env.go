@@ -28,6 +28,7 @@ const (
 	EnvMaxSeqJump   = "SOCKFLEET_MAX_SEQ_JUMP"  // a sequence more than this past the last is bad; default 0: no limit
 	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → value serving {{secret:NAME}} locally; empty: Secrets Manager
 	EnvSecretsTTL   = "SOCKFLEET_SECRETS_TTL"   // how long a secret value is cached; default 5m
+	EnvIdleTimeout  = "SOCKFLEET_IDLE_TIMEOUT"  // idle_timeout of a connection whose item sets none; default 5m, 0: off
 
 	// Shared by worker and reconciler: the HMAC key of wakeup calls. The worker gets it
 	// injected by ECS from Secrets Manager; the reconciler may instead get the secret's
@@ -90,7 +91,7 @@ var WorkerEnvVars = []string{
 	EnvSink, EnvSinkTimeout, EnvResume, EnvSeqPath, EnvBadMessages, EnvLogLevel,
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
 	EnvCheckpointInterval, EnvBackstopInterval,
-	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL,
+	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL, EnvIdleTimeout,
 	EnvHandoff, EnvHandoffPrepareTimeout, EnvHandoffStandbyTimeout, EnvStandbyMaxMessages, EnvStandbyMaxBytes,
 }
 
@@ -135,9 +136,11 @@ const (
 	MetricWakeupsUndelivered = "WakeupsUndelivered" // per reconciler batch
 	MetricRebalanceMoves     = "RebalanceMoves"     // per rebalance round: moves the owners took on
 	MetricRebalanceMinimum   = "RebalanceMinimum"   // per rebalance round: the fewest moves to balance
+	MetricIdle               = "IdleConnections"    // per worker, each renew interval: connections with status idle now
+	MetricQuotaWaiting       = "QuotaWaiting"       // per worker, each renew interval: dials waiting for the connect quota now
 
 	// MetricDimService is the dimension on the workers' metrics (MetricOwned,
-	// MetricSelfFences, MetricRenewFailures), valued from EnvServiceName; autoscaling
+	// MetricSelfFences, MetricRenewFailures, MetricIdle, MetricQuotaWaiting), valued from EnvServiceName; autoscaling
 	// tracks MetricOwned's average over it. The reconciler's metrics carry no
 	// dimension. The orphan alarm treats a missing MetricOrphanedOldest as breaching,
 	// so the sweep emits it on every run, zero included.

@@ -67,6 +67,7 @@ type App struct {
 	hs   *http.Server
 	sink sink.Sink
 	log  *slog.Logger
+	emf  *metrics.EMF
 }
 
 // kinesisOptions applies the bad-message policy to messages too large for a Kinesis
@@ -144,6 +145,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	emf := &metrics.EMF{W: d.Stderr, Service: cfg.ServiceName}
 	oc := owner.Config{
 		WorkerID: cfg.WorkerID, Addr: cfg.AdvertiseAddr, MaxConnections: cfg.MaxConnections,
 		Lease: cfg.Lease, RenewInterval: cfg.RenewInterval, RenewDeadline: cfg.RenewDeadline,
@@ -152,16 +154,17 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
 		NewStream: func(l lease.Lease, valid func() bool) owner.Stream {
 			s := wstream.New(&sc, l.ID, l.WSURL, l.LastSeq)
-			if err := s.UseSpec(l.Spec, l.Epoch); err != nil {
+			if err := s.UseSpec(withFleetIdle(l.Spec, cfg.IdleTimeout), l.Epoch); err != nil {
 				// The codec validated the spec on acquire; this only happens if the two
 				// disagree. Stream with the fleet defaults rather than not at all, and say so.
 				d.Log.Error("spec refused by the stream; using fleet defaults", "conn", l.ID, "err", err)
+				_ = s.UseSpec(withFleetIdle(schema.Spec{}, cfg.IdleTimeout), l.Epoch)
 			}
 			s.GuardWith(valid)
 			return s
 		},
 		Metrics: m,
-		EMF:     &metrics.EMF{W: d.Stderr, Service: cfg.ServiceName},
+		EMF:     emf,
 		Log:     d.Log,
 	}
 	if !d.NoStartupPass {
@@ -203,7 +206,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		srv.Handoffs = mgr
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second}
-	return &App{Manager: mgr, Metrics: m, cfg: cfg, ln: ln, hs: hs, sink: snk, log: d.Log}, nil
+	return &App{Manager: mgr, Metrics: m, cfg: cfg, ln: ln, hs: hs, sink: snk, log: d.Log, emf: emf}, nil
 }
 
 // Addr is the listener's address.
@@ -216,17 +219,45 @@ func (a *App) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
 	wg.Go(func() { serveErr <- a.hs.Serve(a.ln) })
+	gctx, stopGauges := context.WithCancel(context.Background())
+	wg.Go(func() { a.emitGauges(gctx) })
 	a.log.Info("worker started", "id", a.cfg.WorkerID, "addr", a.cfg.AdvertiseAddr, "capacity", a.cfg.MaxConnections)
 	runErr := a.Manager.Run(ctx)
 	// The listener stays up through the drain, answering 503 to wakeups.
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	herr := a.hs.Shutdown(sctx)
+	stopGauges()
 	wg.Wait()
 	if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
 		herr = errors.Join(herr, err)
 	}
 	return errors.Join(runErr, herr, a.sink.Close())
+}
+
+// emitGauges writes the idle and quota gauges as EMF every renew interval (the
+// cadence of OwnedConnections) until ctx ends, so the fleet's alarm sees them.
+func (a *App) emitGauges(ctx context.Context) {
+	t := time.NewTicker(a.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			a.emf.PutGauges(a.Metrics)
+		}
+	}
+}
+
+// withFleetIdle gives sp the fleet's idle_timeout when the item sets none (a
+// connection's own idle_timeout wins). The fleet default sets status only: it
+// never turns idle_reconnect on.
+func withFleetIdle(sp schema.Spec, fleet time.Duration) schema.Spec {
+	if sp.IdleTimeout == 0 {
+		sp.IdleTimeout = fleet
+	}
+	return sp
 }
 
 // newIncarnation returns a random id for this process start.
@@ -253,7 +284,7 @@ func handoffConfig(cfg config.Config, sc *wstream.Config, snk sink.Sink, store *
 			c := *sc
 			c.Sink = g
 			s := wstream.New(&c, l.ID, l.WSURL, l.LastSeq)
-			_ = s.UseSpec(l.Spec, l.Epoch) // validated by prepare's read of the item
+			_ = s.UseSpec(withFleetIdle(l.Spec, cfg.IdleTimeout), l.Epoch) // validated by prepare's read of the item
 			s.GuardWith(valid)
 			return s, g
 		},

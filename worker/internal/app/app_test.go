@@ -184,6 +184,8 @@ type opts struct {
 	advertise  func(addr string) string
 	noHandoff  bool
 	sinkDelay  time.Duration // each write of the handoff tests' ledger sink takes this long
+	idle       time.Duration // set: the fleet's idle_timeout (SOCKFLEET_IDLE_TIMEOUT)
+	stderr     io.Writer     // set: EMF metric lines go here
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -223,11 +225,17 @@ func (e *env) worker(id string, o opts) *worker {
 		cfg.AdvertiseAddr = o.advertise(cfg.AdvertiseAddr)
 	}
 	cfg.Handoff = !o.noHandoff
+	if o.idle > 0 {
+		cfg.IdleTimeout = o.idle
+	}
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}
 	w := &worker{id: id, sink: &memSink{}, cut: &cutter{}}
 	var snk sink.Sink = w.sink
+	if o.stderr == nil {
+		o.stderr = io.Discard
+	}
 	switch {
 	case o.stdout != nil:
 		snk = nil // the one cfg names: stdout
@@ -238,7 +246,7 @@ func (e *env) worker(id string, o opts) *worker {
 		DB:       e.db.Client(w.cut, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }),
 		Listener: ln,
 		Stdout:   o.stdout,
-		Stderr:   io.Discard,
+		Stderr:   o.stderr,
 		Sink:     snk,
 		Stream: stream.Config{
 			BackoffMin: 20 * time.Millisecond, BackoffMax: 200 * time.Millisecond,

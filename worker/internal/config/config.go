@@ -57,6 +57,9 @@ type Config struct {
 	MaxSeqJump   int64         // 0: no limit
 	SecretsFile  string        // local secrets (make run); empty: Secrets Manager
 	SecretsTTL   time.Duration // default 5m
+	// IdleTimeout is the idle_timeout of a connection whose item sets none: no data
+	// message for this long sets status idle (no reconnect). 0: off.
+	IdleTimeout time.Duration
 
 	WakeupSecret []byte
 	ServiceName  string // ServiceName dimension of emitted metrics; empty: none
@@ -123,8 +126,13 @@ func Defaults() Config {
 		Resume:                stream.DefaultResume,
 		BadMessages:           string(stream.BadCount),
 		Mode:                  schema.ModeStream,
+		IdleTimeout:           DefaultIdleTimeout,
 	}
 }
+
+// DefaultIdleTimeout is the fleet's idle_timeout: a resume point the upstream never
+// reaches, or a feed that stopped, says so in status within 5 minutes.
+const DefaultIdleTimeout = 5 * time.Minute
 
 // Validate checks c. Errors name the environment variable to fix.
 func (c *Config) Validate() error {
@@ -217,6 +225,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxSeqJump < 0 {
 		bad(schema.EnvMaxSeqJump, "%d must not be negative", c.MaxSeqJump)
+	}
+	if c.IdleTimeout != 0 && c.IdleTimeout < schema.MinIdleTimeout {
+		bad(schema.EnvIdleTimeout, "%s: want 0 (off) or at least %s", c.IdleTimeout, schema.MinIdleTimeout)
 	}
 	if c.SecretsTTL < 0 {
 		bad(schema.EnvSecretsTTL, "%s must not be negative", c.SecretsTTL)
@@ -338,6 +349,7 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	str(schema.EnvSeqReset, &c.SeqReset)
 	str(schema.EnvSecretsFile, &c.SecretsFile)
 	dur(schema.EnvSecretsTTL, &c.SecretsTTL)
+	dur(schema.EnvIdleTimeout, &c.IdleTimeout)
 	if v := getenv(schema.EnvMaxSeqJump); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {

@@ -22,7 +22,8 @@ func TestLoadDefaultsAndFallbacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Lease != 11*time.Second || c.RenewInterval != 3*time.Second || c.RenewDeadline != 7*time.Second ||
-		c.CheckpointInterval != 30*time.Second || c.BackstopInterval != time.Minute || c.Sink != "stdout" || c.MaxConnections != 1000 {
+		c.CheckpointInterval != 30*time.Second || c.BackstopInterval != time.Minute || c.Sink != "stdout" || c.MaxConnections != 1000 ||
+		c.IdleTimeout != 5*time.Minute {
 		t.Fatalf("defaults %+v", c)
 	}
 	if c.AdvertiseAddr != "127.0.0.1:8080" || c.WorkerID == "" || schema.ValidateID(c.WorkerID) != nil {
@@ -82,6 +83,9 @@ func TestLoadErrorsNameTheVariable(t *testing.T) {
 		{map[string]string{schema.EnvMode: "polling", schema.EnvPollInterval: "0s"}, schema.EnvPollInterval},
 		{map[string]string{schema.EnvClockOffset: "3s"}, schema.EnvClockOffset}, // beyond the 2s margin
 		{map[string]string{schema.EnvClockOffset: "soon"}, schema.EnvClockOffset},
+		{map[string]string{schema.EnvIdleTimeout: "quiet"}, schema.EnvIdleTimeout},
+		{map[string]string{schema.EnvIdleTimeout: "500ms"}, schema.EnvIdleTimeout}, // under the 1s minimum
+		{map[string]string{schema.EnvIdleTimeout: "-1m"}, schema.EnvIdleTimeout},
 	}
 	for _, tc := range cases {
 		env := map[string]string{}
@@ -180,5 +184,15 @@ func TestWorkerEnvVarsListsEveryVariableRead(t *testing.T) {
 	}
 	if len(read) < 10 {
 		t.Fatalf("Load read only %v; the recording getenv is not in use", read)
+	}
+}
+
+// SOCKFLEET_IDLE_TIMEOUT sets the fleet's idle_timeout; 0 turns it off.
+func TestIdleTimeoutFleetDefault(t *testing.T) {
+	for v, want := range map[string]time.Duration{"90s": 90 * time.Second, "0": 0, "0s": 0} {
+		c, err := Load(context.Background(), getenv(map[string]string{schema.EnvWakeupSecret: secret, schema.EnvIdleTimeout: v}))
+		if err != nil || c.IdleTimeout != want {
+			t.Errorf("%s=%s: %s, %v; want %s", schema.EnvIdleTimeout, v, c.IdleTimeout, err, want)
+		}
 	}
 }

@@ -1,7 +1,7 @@
 // Package metrics holds the worker's counters, renders them as plain text for
 // GET /metrics, and writes CloudWatch Embedded Metric Format (EMF) lines.
 //
-// Counters are monotonic since process start; OwnedConnections is a gauge. Nothing
+// Counters are monotonic since process start; the fields marked gauge are not. Nothing
 // here is exact across a crash: the numbers are for dashboards and alarms.
 package metrics
 
@@ -149,9 +149,18 @@ type EMF struct {
 	mu sync.Mutex // one line per Write, never interleaved
 }
 
+// Value is one metric value of an EMF line.
+type Value struct {
+	Name string
+	V    int64
+}
+
 // Put writes one metric value with unit "Count".
-func (e *EMF) Put(name string, v int64) {
-	if e == nil || e.W == nil {
+func (e *EMF) Put(name string, v int64) { e.PutAll(Value{name, v}) }
+
+// PutAll writes several metric values, all with unit "Count", on one line.
+func (e *EMF) PutAll(vals ...Value) {
+	if e == nil || e.W == nil || len(vals) == 0 {
 		return
 	}
 	now := time.Now
@@ -159,7 +168,12 @@ func (e *EMF) Put(name string, v int64) {
 		now = e.Now
 	}
 	dims := [][]string{{}}
-	line := map[string]any{name: v}
+	line := map[string]any{}
+	names := make([]any, 0, len(vals))
+	for _, v := range vals {
+		line[v.Name] = v.V
+		names = append(names, map[string]string{"Name": v.Name, "Unit": "Count"})
+	}
 	if e.Service != "" {
 		dims = [][]string{{schema.MetricDimService}}
 		line[schema.MetricDimService] = e.Service
@@ -169,7 +183,7 @@ func (e *EMF) Put(name string, v int64) {
 		"CloudWatchMetrics": []any{map[string]any{
 			"Namespace":  schema.MetricNamespace,
 			"Dimensions": dims,
-			"Metrics":    []any{map[string]string{"Name": name, "Unit": "Count"}},
+			"Metrics":    names,
 		}},
 	}
 	b, err := json.Marshal(line)
@@ -179,4 +193,12 @@ func (e *EMF) Put(name string, v int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	_, _ = e.W.Write(append(b, '\n'))
+}
+
+// PutGauges writes the connection-state gauges that only /metrics had: connections
+// idle now (status idle: no data message for their idle_timeout) and dials waiting
+// for the connect quota now. The worker writes them every renew interval, so the
+// fleet's idle alarm sees a connection that went quiet.
+func (e *EMF) PutGauges(c *Counters) {
+	e.PutAll(Value{schema.MetricIdle, c.IdleNow.Load()}, Value{schema.MetricQuotaWaiting, c.QuotaWaiting.Load()})
 }

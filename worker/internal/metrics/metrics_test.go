@@ -40,3 +40,29 @@ func TestWriteText(t *testing.T) {
 		}
 	}
 }
+
+// The idle and quota gauges go out on one EMF line, both declared as metrics.
+func TestEMFGauges(t *testing.T) {
+	var buf bytes.Buffer
+	var c Counters
+	c.IdleNow.Store(2)
+	c.QuotaWaiting.Store(5)
+	e := &EMF{W: &buf, Service: "svc"}
+	e.PutGauges(&c)
+	if n := bytes.Count(buf.Bytes(), []byte("\n")); n != 1 {
+		t.Fatalf("%d lines, want 1: %s", n, buf.Bytes())
+	}
+	var line map[string]any
+	if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+		t.Fatal(err)
+	}
+	cw := line["_aws"].(map[string]any)["CloudWatchMetrics"].([]any)[0].(map[string]any)
+	var declared []string
+	for _, m := range cw["Metrics"].([]any) {
+		declared = append(declared, m.(map[string]any)["Name"].(string))
+	}
+	if line["IdleConnections"] != 2.0 || line["QuotaWaiting"] != 5.0 || line["ServiceName"] != "svc" ||
+		strings.Join(declared, ",") != "IdleConnections,QuotaWaiting" {
+		t.Fatalf("line %s", buf.Bytes())
+	}
+}

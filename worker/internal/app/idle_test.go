@@ -1,0 +1,129 @@
+package app
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+)
+
+// lockedBuffer collects the worker's EMF lines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lastGauge is the last value of EMF metric name written, and whether there was one.
+func (b *lockedBuffer) lastGauge(t *testing.T, name string) (float64, bool) {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := 0.0, false
+	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	for sc.Scan() {
+		var line map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			t.Fatalf("EMF line %q: %v", sc.Text(), err)
+		}
+		if x, has := line[name].(float64); has {
+			v, ok = x, true
+		}
+	}
+	return v, ok
+}
+
+func (e *env) putFar(id string, lastSeq int64, sp schema.Spec) {
+	e.t.Helper()
+	e.up.Touch(id)
+	_, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table,
+		Item: codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: e.up.URL(id), LastSeq: lastSeq, Spec: sp})})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// A resume point the upstream never reaches (an upstream that restarted its
+// numbering far below the checkpoint) ends in status idle under the fleet's
+// idle_timeout, on a connection whose item sets none: written to the item once for
+// the episode, and seen by the fleet alarm's EMF gauge. A connection's own
+// idle_timeout overrides the fleet's.
+func TestFleetIdleTimeoutEndsAnUnreachedResumePoint(t *testing.T) {
+	e := newEnv(t, rate) // the feed's head moves at 200/s, far below the resume point
+	const far = 1_000_000_000
+	e.putFar("far", far, schema.Spec{})
+	e.putFar("own", far, schema.Spec{IdleTimeout: time.Hour})
+	emf := &lockedBuffer{}
+	w := e.worker("w1", opts{idle: time.Second, stderr: emf})
+	for _, r := range e.wake(w, wakeup.NeedsOwner, 0, "far", "own") {
+		if r.Result != wakeup.Acquired {
+			t.Fatalf("wake: %+v", r)
+		}
+	}
+	waitFor(t, 5*time.Second, "status idle in the item", func() bool { return e.get("far").Status == schema.StatusIdle })
+	c := e.get("far")
+	if !strings.Contains(c.StatusError, "asked to resume after 1000000000") {
+		t.Fatalf("status_error %q", c.StatusError)
+	}
+	if got := e.up.Stats("far").Connects; got != 1 {
+		t.Fatalf("%d connects: the fleet default must not reconnect", got)
+	}
+	waitFor(t, 5*time.Second, "the idle gauge in EMF", func() bool {
+		v, ok := emf.lastGauge(t, schema.MetricIdle)
+		return ok && v == 1
+	})
+	if v, ok := emf.lastGauge(t, schema.MetricQuotaWaiting); !ok || v != 0 {
+		t.Fatalf("quota gauge %v (written %v)", v, ok)
+	}
+
+	// Once per idle episode: several idle checks and checkpoint rounds later, the item
+	// was not written again (idle costs nothing per connection-hour).
+	n0, before := w.Metrics.Checkpoints.Load(), e.get("far")
+	time.Sleep(3 * time.Second) // three idle_timeouts, 7 checkpoint intervals
+	if n := w.Metrics.Checkpoints.Load(); n != n0 {
+		t.Fatalf("%d checkpoints while idle", n-n0)
+	}
+	if after := e.get("far"); after.StatusAtMs != before.StatusAtMs || after.Status != schema.StatusIdle {
+		t.Fatalf("idle item rewritten: %+v then %+v", before, after)
+	}
+	if got := w.Metrics.Idle.Load(); got != 1 {
+		t.Fatalf("%d idle episodes, want 1", got)
+	}
+	if c := e.get("own"); c.Status != "streaming" {
+		t.Fatalf("own idle_timeout 1h: status %q %q", c.Status, c.StatusError)
+	}
+}
+
+// The fleet default fills only an absent idle_timeout, and never sets idle_reconnect.
+func TestWithFleetIdle(t *testing.T) {
+	cases := []struct {
+		spec  schema.Spec
+		fleet time.Duration
+		want  time.Duration
+	}{
+		{schema.Spec{}, 5 * time.Minute, 5 * time.Minute},
+		{schema.Spec{}, 0, 0}, // off
+		{schema.Spec{IdleTimeout: time.Hour}, 5 * time.Minute, time.Hour},
+		{schema.Spec{IdleTimeout: 10 * time.Second}, 0, 10 * time.Second},
+	}
+	for _, tc := range cases {
+		got := withFleetIdle(tc.spec, tc.fleet)
+		if got.IdleTimeout != tc.want || got.IdleReconnect {
+			t.Errorf("spec %s, fleet %s: %+v, want idle_timeout %s without reconnect", tc.spec.IdleTimeout, tc.fleet, got, tc.want)
+		}
+	}
+}
