@@ -604,6 +604,21 @@ func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Funct
 		EvaluationPeriods:  jsii.Number(1),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
+	// A connection that has received no data message for its idle_timeout (the fleet's
+	// SOCKFLEET_IDLE_TIMEOUT when the item sets none): an upstream that went quiet, or
+	// a resume point it never reaches. The worker reports its count every renew
+	// interval; the fleet's Maximum above zero for 3 minutes in a row is a connection
+	// that stays idle (one that resumes clears its count at once). Missing data is no
+	// alarm: no workers means nothing idle, and the orphan alarm watches for that.
+	add("IdleConnections", &awscloudwatch.AlarmProps{
+		AlarmDescription:   jsii.String("A connection has received no data for its idle_timeout (status idle) for 3 minutes: the upstream went quiet or never reaches the resume point."),
+		Metric:             fleetMetric(serviceName, schema.MetricIdle, "Maximum", 1),
+		Threshold:          jsii.Number(0),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(3),
+		DatapointsToAlarm:  jsii.Number(3),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
 	add("FailedStreamBatches", &awscloudwatch.AlarmProps{
 		AlarmDescription: jsii.String("The reconciler gave up on stream records; the sweep repairs ownership, but find out why."),
 		Metric: failures.Metric(jsii.String("NumberOfMessagesPublished"), &awscloudwatch.MetricOptions{
@@ -654,6 +669,11 @@ func newDashboard(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Fu
 		graph("Table writes (WCU)", table.MetricConsumedWriteCapacityUnits(&awscloudwatch.MetricOptions{
 			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(1)),
 		})),
+	)
+	dash.AddWidgets(
+		graph("Idle and quota-waiting connections (worker maximum)",
+			fleetMetric(serviceName, schema.MetricIdle, "Maximum", 1),
+			fleetMetric(serviceName, schema.MetricQuotaWaiting, "Maximum", 1)),
 	)
 	dash.AddWidgets(
 		graph("Worker CPU and memory (%)", service.MetricCpuUtilization(nil), service.MetricMemoryUtilization(nil)),

@@ -757,6 +757,12 @@ func TestOperations(t *testing.T) {
 			"Namespace": schema.MetricNamespace, "MetricName": schema.MetricSelfFences,
 			"Dimensions": []any{obj{"Name": schema.MetricDimService, "Value": stackName + "-worker"}},
 		},
+		"idle connections": {
+			"Namespace": schema.MetricNamespace, "MetricName": schema.MetricIdle, "Statistic": "Maximum", "Period": 60,
+			"Threshold": 0, "ComparisonOperator": "GreaterThanThreshold", "EvaluationPeriods": 3, "DatapointsToAlarm": 3,
+			"TreatMissingData": "notBreaching",
+			"Dimensions":       []any{obj{"Name": schema.MetricDimService, "Value": stackName + "-worker"}},
+		},
 		"failed stream batches": {
 			"Namespace": "AWS/SNS", "MetricName": "NumberOfMessagesPublished",
 		},
