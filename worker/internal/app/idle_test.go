@@ -8,12 +8,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 )
 
 // lockedBuffer collects the worker's EMF lines.
@@ -126,4 +128,27 @@ func TestWithFleetIdle(t *testing.T) {
 			t.Errorf("spec %s, fleet %s: %+v, want idle_timeout %s without reconnect", tc.spec.IdleTimeout, tc.fleet, got, tc.want)
 		}
 	}
+}
+
+// The gauges go out once per renew interval, and the loop ends with its context.
+func TestGaugesEveryRenewInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var buf lockedBuffer
+		a := &App{Metrics: new(metrics.Counters), emf: &metrics.EMF{W: &buf}}
+		a.cfg.RenewInterval = 3 * time.Second
+		a.Metrics.IdleNow.Store(4)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { a.emitGauges(ctx); close(done) }()
+		time.Sleep(10*time.Second - time.Millisecond) // ticks at 3, 6 and 9 s
+		synctest.Wait()
+		cancel()
+		<-done
+		buf.mu.Lock()
+		lines := bytes.Count(buf.buf.Bytes(), []byte("\n"))
+		buf.mu.Unlock()
+		if v, ok := buf.lastGauge(t, schema.MetricIdle); lines != 3 || !ok || v != 4 {
+			t.Fatalf("%d lines in 10s, idle %v (%v), want 3 lines of 4", lines, v, ok)
+		}
+	})
 }
