@@ -94,6 +94,8 @@ var (
 	errRotated   = errors.New("socket rotated")
 	errAnnounced = errors.New("upstream announced its shutdown")
 	errIdle      = errors.New("idle")
+	// errIdleReconnected: the status of a connection that reconnected while idle.
+	errIdleReconnected = errors.New("reconnected while idle; still no data message")
 )
 
 // haltError is a sequence reset under the halt policy: the stream stops for the
@@ -162,7 +164,11 @@ func (s *Stream) session(ctx context.Context) error {
 		return err
 	}
 	s.lastData.Store(time.Now().UnixNano())
-	if !s.idle.Load() {
+	if s.idle.Load() {
+		// Still idle (idle_reconnect, or any reconnect while idle): say so again, as
+		// the dial's own statuses replaced it; data clears it as on any socket.
+		s.setStatus(schema.StatusIdle, errIdleReconnected)
+	} else {
 		s.setStatus("streaming", nil)
 	}
 	s.cfg.Log.Debug("upstream connected", "conn", s.id, "from", from, "resumed", resumed)

@@ -381,6 +381,11 @@ func TestIdleTimeout(t *testing.T) {
 	r := specStream(t, testConfig(t, &memSink{}, "seq"), up.URL("r"), "r", 0, schema.Spec{IdleTimeout: time.Second, IdleReconnect: true})
 	stop = run(r)
 	waitFor(t, 8*time.Second, "a reconnect", func() bool { return up.Stats("r").Connects >= 2 })
+	// After the reconnect the status says idle again, not the dial's "connecting".
+	waitFor(t, 5*time.Second, "idle after the reconnect", func() bool {
+		st := r.Status()
+		return up.Stats("r").Connects >= 2 && st.State == schema.StatusIdle && strings.Contains(st.Error, "reconnected while idle")
+	})
 	stop(ErrGraceful)
 }
 
