@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -125,6 +126,46 @@ func CheckSerial(arr []Arrival) ([]time.Duration, error) {
 		}
 	}
 	return gaps, nil
+}
+
+// Planned is what CheckPlanned found over a set of connections.
+type Planned struct {
+	Gaps     []time.Duration // between stints, sorted
+	Moved    int             // connections delivered by more than one worker
+	Problems []error         // one per connection that broke CheckSerial or delivered nothing
+}
+
+// CheckPlanned runs CheckSerial over every connection of ids, as a run with only
+// planned moves must pass it.
+func (c *Collector) CheckPlanned(ids []string) Planned {
+	var r Planned
+	for _, id := range ids {
+		arr := c.Arrivals(id)
+		if len(arr) == 0 {
+			r.Problems = append(r.Problems, fmt.Errorf("%s: nothing delivered", id))
+			continue
+		}
+		g, err := CheckSerial(arr)
+		if err != nil {
+			r.Problems = append(r.Problems, fmt.Errorf("%s: %w (stints %+v)", id, err, Stints(arr)))
+		}
+		r.Gaps = append(r.Gaps, g...)
+		if len(Stints(arr)) > 1 {
+			r.Moved++
+		}
+	}
+	slices.Sort(r.Gaps)
+	return r
+}
+
+// String summarises the gaps between owners.
+func (r Planned) String() string {
+	g := r.Gaps
+	if len(g) == 0 {
+		return fmt.Sprintf("no change of deliverer over %d connections", r.Moved)
+	}
+	return fmt.Sprintf("%d changes of deliverer over %d connections; gap between owners: median %s, p99 %s, max %s",
+		len(g), r.Moved, g[len(g)/2], g[len(g)*99/100], g[len(g)-1])
 }
 
 // CheckOneDeliverer is the invariant of every run, crashes included (where a new

@@ -231,28 +231,11 @@ func (s *stack) checkNoMoveTwiceWithinCooling(t *testing.T, cooling time.Duratio
 // never two deliverers: fleet.CheckSerial); two upstream sockets at once only for
 // a handoff's short overlap.
 func (s *stack) checkDeliveries(t *testing.T, col *fleet.Collector, ids []string) {
-	var gaps []time.Duration
-	moved := 0
-	for _, id := range ids {
-		arr := col.Arrivals(id)
-		if len(arr) == 0 {
-			t.Errorf("%s: nothing delivered", id)
-			continue
-		}
-		g, err := fleet.CheckSerial(arr)
-		if err != nil {
-			t.Errorf("%s: %v (stints %+v)", id, err, fleet.Stints(arr))
-		}
-		gaps = append(gaps, g...)
-		if len(fleet.Stints(arr)) > 1 {
-			moved++
-		}
+	r := col.CheckPlanned(ids)
+	for _, err := range r.Problems {
+		t.Error(err)
 	}
-	slices.Sort(gaps)
-	if len(gaps) > 0 {
-		t.Logf("%d changes of deliverer over %d connections; gap between owners: median %s, p99 %s, max %s",
-			len(gaps), moved, gaps[len(gaps)/2], gaps[len(gaps)*99/100], gaps[len(gaps)-1])
-	}
+	t.Log(r)
 	for id, o := range fleet.Overlaps(s.up.Events()) {
 		if o.Longest > 2*time.Second {
 			t.Errorf("%s: two upstream clients at once for %s", id, o.Longest)
