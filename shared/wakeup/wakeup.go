@@ -152,16 +152,8 @@ func Verify(secret []byte, now time.Time, ts, sig string, body []byte) error {
 // fields only, 1 to MaxConns valid ids, no id twice, known reasons.
 func DecodeRequest(body []byte) (Request, error) {
 	var r Request
-	if len(body) > MaxBody {
-		return r, fmt.Errorf("%w: body over %d bytes", ErrMalformed, MaxBody)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	if err := DecodeStrict(body, MaxBody, &r); err != nil {
 		return Request{}, fmt.Errorf("%w: %v", ErrMalformed, err)
-	}
-	if dec.More() {
-		return Request{}, fmt.Errorf("%w: trailing data", ErrMalformed)
 	}
 	if r.V != Version {
 		return Request{}, fmt.Errorf("%w: version %d, want %d", ErrMalformed, r.V, Version)
@@ -205,6 +197,23 @@ func DecodeResponse(body []byte) (Response, error) {
 		return Response{}, fmt.Errorf("%w: reply load %d is negative", ErrMalformed, *r.Load)
 	}
 	return r, nil
+}
+
+// DecodeStrict decodes one JSON value of at most max bytes into v, refusing unknown
+// fields and trailing data: the first step of every signed request's decoding.
+func DecodeStrict(body []byte, max int, v any) error {
+	if len(body) > max {
+		return fmt.Errorf("body over %d bytes", max)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if dec.More() {
+		return errors.New("trailing data")
+	}
+	return nil
 }
 
 // ParseSecret checks a shared secret read from the environment.

@@ -83,16 +83,8 @@ var ErrMalformed = errors.New("handoff request malformed")
 // DecodeRequest parses and validates a request body strictly.
 func DecodeRequest(body []byte) (Request, error) {
 	var r Request
-	if len(body) > MaxBody {
-		return r, fmt.Errorf("%w: body over %d bytes", ErrMalformed, MaxBody)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&r); err != nil {
+	if err := wakeup.DecodeStrict(body, MaxBody, &r); err != nil {
 		return Request{}, fmt.Errorf("%w: %v", ErrMalformed, err)
-	}
-	if dec.More() {
-		return Request{}, fmt.Errorf("%w: trailing data", ErrMalformed)
 	}
 	switch {
 	case r.V != Version:
