@@ -16,16 +16,19 @@ import (
 
 // Membership mode (stream mode). The worker item is this worker's membership lease;
 // connection leases carry no expiry of their own (schema.LeaseHeldByMember) and are
-// never renewed. One loop, every RenewInterval:
+// never renewed. Two loops, each ticking every RenewInterval:
 //
-//   - renews the membership (registry.Renew, conditioned on the incarnation and on
-//     not being declared dead); ErrNotMember stops every connection and makes Run
-//     return ErrExpelled, so the supervisor starts a fresh incarnation;
-//   - retries releases that failed (an outage longer than the lease);
-//   - checkpoints each connection whose last_seq or status changed, at most once per
-//     CheckpointInterval;
-//   - every BackstopInterval, reads its own connections in BatchGetItem pages
+//   - the renew loop renews the membership (registry.Renew, conditioned on the
+//     incarnation and on not being declared dead), and does nothing else, so the
+//     renew never waits behind bulk work; ErrNotMember stops every connection and
+//     makes Run return ErrExpelled, so the supervisor starts a fresh incarnation;
+//   - the work loop retries releases that failed (an outage longer than the lease)
+//     once a renew has succeeded since its last retry; checkpoints each connection
+//     whose last_seq or status changed, at most once per CheckpointInterval; and
+//     every BackstopInterval reads its own connections in BatchGetItem pages
 //     (eventually consistent) and confirms any difference with a conditional write.
+//     A pass over thousands of connections (a start-up, when every status changed)
+//     may take longer than the fence deadline; it delays only the next pass.
 //
 // One timer fences every connection at the last successful membership renew's start
 // plus FenceAfter, on the monotonic clock.
@@ -70,7 +73,8 @@ type membership struct {
 	renewedAt atomic.Int64 // ns after Manager.started when the last good renew began; -1: none
 	timer     *time.Timer  // fences every connection
 	expelled  atomic.Bool
-	lastBack  time.Time // last backstop pass; loop goroutine only
+	renewed   chan struct{} // a renew succeeded; buffered 1
+	lastBack  time.Time     // last backstop pass; work loop only
 
 	mu      sync.Mutex
 	pending map[string]pendingRelease
@@ -95,7 +99,8 @@ func newMembership(m *Manager, c *MemberConfig) (*membership, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	mem := &membership{m: m, cfg: *c, store: c.Store, pending: map[string]pendingRelease{}}
+	mem := &membership{m: m, cfg: *c, store: c.Store, pending: map[string]pendingRelease{},
+		renewed: make(chan struct{}, 1)}
 	mem.renewedAt.Store(-1)
 	mem.timer = time.AfterFunc(time.Hour, mem.fenceAll)
 	mem.timer.Stop()
@@ -132,10 +137,15 @@ func (mem *membership) worker(draining bool) codec.Worker {
 	}
 }
 
-// succeeded records a good renew (or join) that began at start.
+// succeeded records a good renew (or join) that began at start, and tells the work
+// loop the table answers again.
 func (mem *membership) succeeded(start time.Time) {
 	mem.renewedAt.Store(int64(start.Sub(mem.m.started)))
 	mem.timer.Reset(time.Until(start.Add(mem.m.fence)))
+	select {
+	case mem.renewed <- struct{}{}:
+	default:
+	}
 }
 
 // fenceAll is the membership fence: every connection stops.
@@ -200,11 +210,12 @@ func (mem *membership) run(ctx context.Context) error {
 	if m.cfg.Candidates != nil {
 		startup.Go(func() { m.startup(ctx) })
 	}
-	// The loop outlives ctx: a drain keeps the membership renewed while it stops the
+	// The loops outlive ctx: a drain keeps the membership renewed while it stops the
 	// connections and releases their leases.
 	loopCtx, stopLoop := context.WithCancel(context.Background())
 	var loop sync.WaitGroup
-	loop.Go(func() { mem.loop(loopCtx) })
+	loop.Go(func() { mem.renewLoop(loopCtx) })
+	loop.Go(func() { mem.workLoop(loopCtx) })
 	select {
 	case <-ctx.Done():
 	case <-m.base.Done(): // expelled
@@ -220,29 +231,53 @@ func (mem *membership) run(ctx context.Context) error {
 	return err
 }
 
-// loop ticks every RenewInterval until ctx ends.
-func (mem *membership) loop(ctx context.Context) {
-	t := time.NewTicker(mem.m.cfg.RenewInterval)
+// renewLoop renews the membership every RenewInterval until ctx ends. It makes no
+// other call, so bulk work (start-up acquires, checkpoints, the backstop) cannot hold
+// it back.
+func (mem *membership) renewLoop(ctx context.Context) {
+	m := mem.m
+	t := time.NewTicker(m.cfg.RenewInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			mem.tick(ctx)
+			m.lastRound.Store(int64(time.Since(m.started)))
+			if !mem.expelled.Load() {
+				mem.renew(ctx)
+			}
 		}
 	}
 }
 
-func (mem *membership) tick(ctx context.Context) {
+// workLoop retries failed releases after each successful renew (outside a drain), and every
+// RenewInterval checkpoints and (every BackstopInterval) reads back the owned
+// connections, until ctx ends.
+func (mem *membership) workLoop(ctx context.Context) {
+	t := time.NewTicker(mem.m.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-mem.renewed:
+			m := mem.m
+			m.mu.Lock()
+			draining := m.draining
+			m.mu.Unlock()
+			// A drain retries them itself (leave), and must see every failure.
+			if !draining && !mem.expelled.Load() {
+				mem.retryReleases()
+			}
+		case <-t.C:
+			mem.work(ctx)
+		}
+	}
+}
+
+func (mem *membership) work(ctx context.Context) {
 	m := mem.m
-	m.lastRound.Store(int64(time.Since(m.started)))
-	if mem.expelled.Load() {
-		return
-	}
-	if mem.renew(ctx) {
-		mem.retryReleases()
-	}
 	if mem.expelled.Load() {
 		return
 	}
