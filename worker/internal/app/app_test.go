@@ -186,6 +186,8 @@ type opts struct {
 	sinkDelay  time.Duration // each write of the handoff tests' ledger sink takes this long
 	idle       time.Duration // set: the fleet's idle_timeout (SOCKFLEET_IDLE_TIMEOUT)
 	stderr     io.Writer     // set: EMF metric lines go here
+	// transport, if set, carries the worker's table calls instead of its cutter.
+	transport http.RoundTripper
 }
 
 func (e *env) worker(id string, o opts) *worker {
@@ -232,6 +234,10 @@ func (e *env) worker(id string, o opts) *worker {
 		e.t.Fatal(err)
 	}
 	w := &worker{id: id, sink: &memSink{}, cut: &cutter{}}
+	var rt http.RoundTripper = w.cut
+	if o.transport != nil {
+		rt = o.transport
+	}
 	var snk sink.Sink = w.sink
 	if o.stderr == nil {
 		o.stderr = io.Discard
@@ -243,7 +249,7 @@ func (e *env) worker(id string, o opts) *worker {
 		snk = o.sink
 	}
 	a, err := New(cfg, Deps{
-		DB:       e.db.Client(w.cut, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }),
+		DB:       e.db.Client(rt, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }),
 		Listener: ln,
 		Stdout:   o.stdout,
 		Stderr:   o.stderr,
