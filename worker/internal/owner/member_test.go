@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -22,7 +23,9 @@ type fakeMembers struct {
 	mu     sync.Mutex
 	renew  func(ctx context.Context) error
 	renews int
-	left   bool
+	// checkpoint, if set, answers checkpoints.
+	checkpoint func(ctx context.Context) error
+	left       bool
 }
 
 func (f *fakeMembers) Join(context.Context, codec.Worker, time.Time, time.Duration) (bool, error) {
@@ -56,7 +59,12 @@ func (f *fakeMembers) setRenew(h func(ctx context.Context) error) {
 	f.renew = h
 }
 
-func (f *fakeMembers) Checkpoint(_ context.Context, l lease.Lease, _ lease.Progress) (codec.Connection, error) {
+func (f *fakeMembers) Checkpoint(ctx context.Context, l lease.Lease, _ lease.Progress) (codec.Connection, error) {
+	if f.checkpoint != nil {
+		if err := f.checkpoint(ctx); err != nil {
+			return codec.Connection{}, err
+		}
+	}
 	return started(l.ID), nil
 }
 
@@ -201,6 +209,61 @@ func TestNotAMemberExpels(t *testing.T) {
 		}
 		if fm.left {
 			t.Fatal("an expelled worker deleted the item the reconciler goes by")
+		}
+	})
+}
+
+// A checkpoint pass longer than the fence deadline (every checkpoint times out, one
+// at a time) delays neither the membership renews nor keeps them from holding the
+// fence off.
+func TestSlowCheckpointsDoNotDelayTheRenew(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, fm, _ := newMemberRig(t)
+		var tried atomic.Int64
+		fm.checkpoint = func(ctx context.Context) error {
+			tried.Add(1)
+			<-ctx.Done() // a swamped table: each times out after the renew interval
+			return ctx.Err()
+		}
+		cfg := r.m.cfg
+		cfg.RenewConcurrency = 1
+		cfg.Member.CheckpointInterval = time.Second
+		m, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.m = m
+		stop := r.start(t)
+		defer stop()
+		synctest.Wait()
+		ids := []string{"a", "b", "c", "d", "e"}
+		for _, id := range ids {
+			if got := r.wake(t, wakeup.Conn{ID: id, Reason: wakeup.NeedsOwner}); got != wakeup.Acquired {
+				t.Fatalf("wake %s: %s", id, got)
+			}
+			r.stream(id).seq.Store(11) // delivered since the acquire: a checkpoint is due
+		}
+		fm.mu.Lock()
+		n0 := fm.renews
+		fm.mu.Unlock()
+		time.Sleep(30 * time.Second) // passes of 5 x 2s = 10s, the fence is at 6s
+		synctest.Wait()
+		fm.mu.Lock()
+		n := fm.renews - n0
+		fm.mu.Unlock()
+		if n < 15 {
+			t.Fatalf("%d renews in 30s at a 2s interval", n)
+		}
+		if f := r.m.cfg.Metrics.SelfFences.Load(); f != 0 {
+			t.Fatalf("%d self-fences", f)
+		}
+		if c := tried.Load(); c < 10 {
+			t.Fatalf("%d checkpoints tried: the passes did not run", c)
+		}
+		for _, id := range ids {
+			if !r.stream(id).running.Load() {
+				t.Fatalf("%s stopped", id)
+			}
 		}
 	})
 }
