@@ -7,6 +7,7 @@
 package enginetest
 
 import (
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -63,4 +64,42 @@ func Sanitize(name string, max int) string {
 		s = s[:max]
 	}
 	return s
+}
+
+// CheckMissing checks that outside the repository, with env unset, both find and
+// start fail with an error naming `make tools` (find's also names env).
+func CheckMissing(t *testing.T, env string, find, start func() error) {
+	t.Helper()
+	t.Chdir(t.TempDir())
+	t.Setenv(env, "")
+	if err := find(); err == nil || !strings.Contains(err.Error(), "make tools") || !strings.Contains(err.Error(), env) {
+		t.Fatalf("find outside the repository: %v; want an error naming make tools and %s", err, env)
+	}
+	if err := start(); err == nil || !strings.Contains(err.Error(), "make tools") {
+		t.Fatalf("start outside the repository: %v", err)
+	}
+}
+
+// CheckStartStop checks that an engine start serves on loopback and that Stop
+// returns once it has exited, so its port is closed.
+func CheckStartStop(t *testing.T, start func() (*localengine.Proc, error)) {
+	t.Helper()
+	p, err := start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, ok := strings.CutPrefix(p.Endpoint, "http://")
+	if !ok || !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Errorf("endpoint %s, want loopback", p.Endpoint)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("not listening after start: %v", err)
+	}
+	c.Close()
+	p.Stop()
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Fatal("still listening after Stop")
+	}
 }
