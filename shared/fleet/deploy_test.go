@@ -2,7 +2,6 @@ package fleet_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,19 +21,7 @@ func TestRollingDeploy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fleet test")
 	}
-	col, err := fleet.NewCollector()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer col.Close()
-	f := startFleetWith(t, fleetOptions{Workers: 3, Collector: col})
-	const n = 30
-	ids := make([]string, n)
-	for i := range n {
-		ids[i] = fmt.Sprintf("r%02d", i)
-		f.add(ids[i])
-	}
-	waitFor(t, 15*time.Second, "all connections streaming", func() (bool, string) { return f.streamingElsewhere(ids, "") })
+	f, col, ids := collectorFleet(t, 3, 30, "r")
 	// A connection that delivered nothing yet has no resume point and is released
 	// instead (docs/HANDOFF.md): start once each has delivered.
 	waitFor(t, 15*time.Second, "every connection delivering", func() (bool, string) {

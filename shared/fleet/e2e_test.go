@@ -20,21 +20,7 @@ func TestFleetEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end fleet test")
 	}
-	col, err := fleet.NewCollector()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer col.Close()
-	f := startFleetWith(t, fleetOptions{Workers: 3, Collector: col})
-	const n = 30
-	ids := make([]string, n)
-	for i := range n {
-		ids[i] = fmt.Sprintf("c%02d", i)
-		f.add(ids[i])
-	}
-	waitFor(t, 15*time.Second, "all 30 connections streaming", func() (bool, string) {
-		return f.streamingElsewhere(ids, "")
-	})
+	f, col, ids := collectorFleet(t, 3, 30, "c")
 
 	t.Run("stop closes within 1s", func(t *testing.T) {
 		f.setState("c00", schema.Stopped)
@@ -142,7 +128,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			seen[a.Seq] = true
 		}
 	}
-	t.Logf("delivered to sinks with %d duplicates over %d connections", dups, n)
+	t.Logf("delivered to sinks with %d duplicates over %d connections", dups, len(ids))
 	if s := strings.TrimSpace(fmt.Sprint(f.stack.InvokeCount("task-stopped"))); s == "0" {
 		t.Error("no task-stopped event reached the reconciler")
 	}

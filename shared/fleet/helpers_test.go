@@ -247,3 +247,24 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 	t.Fatalf("%s: not within %s: %s", what, timeout, why)
 	return 0
 }
+
+// collectorFleet starts workers workers delivering to a collector sink and n
+// connections named prefix00, prefix01, …, and waits until all of them stream.
+func collectorFleet(t *testing.T, workers, n int, prefix string) (*testFleet, *fleet.Collector, []string) {
+	t.Helper()
+	col, err := fleet.NewCollector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { col.Close() })
+	f := startFleetWith(t, fleetOptions{Workers: workers, Collector: col})
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("%s%02d", prefix, i)
+		f.add(ids[i])
+	}
+	waitFor(t, 15*time.Second, fmt.Sprintf("all %d connections streaming", n), func() (bool, string) {
+		return f.streamingElsewhere(ids, "")
+	})
+	return f, col, ids
+}
