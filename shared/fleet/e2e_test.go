@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,9 @@ func TestFleetEndToEnd(t *testing.T) {
 		t.Skip("end-to-end fleet test")
 	}
 	f, col, ids := collectorFleet(t, 3, 30, "c")
+
+	var paused string // the SIGSTOP victim, and when it was stopped
+	var pausedAt time.Time
 
 	t.Run("stop closes within 1s", func(t *testing.T) {
 		f.setState("c00", schema.Stopped)
@@ -83,6 +87,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		if err := f.stack.Sup.Signal(2, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
+		paused, pausedAt = p.ID, time.Now()
 		d := waitFor(t, testLease+10*time.Second, "paused worker's connections taken over", func() (bool, string) {
 			return f.streamingElsewhere(victims, p.ID)
 		})
@@ -116,6 +121,21 @@ func TestFleetEndToEnd(t *testing.T) {
 		if len(arr) == 0 {
 			t.Errorf("%s: nothing delivered", id)
 			continue
+		}
+		// A sink write in flight when SIGSTOP hit lands when the worker resumes, after
+		// the next owner began (docs/MEMBERSHIP.md, "Non-guarantees"): messages read
+		// before the pause arriving after it. They are reported and left out of the
+		// check; anything the paused worker read after its pause still fails it.
+		var inFlight []int64
+		arr = slices.DeleteFunc(arr, func(a fleet.Arrival) bool {
+			late := a.Worker == paused && a.At.After(pausedAt) && a.TS != 0 && a.TS < pausedAt.UnixMilli()
+			if late {
+				inFlight = append(inFlight, a.Seq)
+			}
+			return late
+		})
+		if len(inFlight) > 0 {
+			t.Logf("%s: %d messages read by %s before its SIGSTOP landed after it (a write in flight at the pause): %v", id, len(inFlight), paused, inFlight)
 		}
 		if err := fleet.CheckOneDeliverer(arr); err != nil {
 			t.Errorf("%s: %v", id, err)
