@@ -128,6 +128,24 @@ func CheckSerial(arr []Arrival) ([]time.Duration, error) {
 	return gaps, nil
 }
 
+// LandedAfterPause splits off the arrivals from worker that were read before it was
+// paused at (their production time is earlier) but arrived after. For a pause past
+// the worker's fence deadline, that is only a sink write in flight at the pause,
+// completed when the worker resumed (docs/MEMBERSHIP.md, "Non-guarantees"); after a
+// shorter pause the worker legitimately goes on delivering, so do not use it there.
+// It returns the other arrivals and the sequences split off.
+func LandedAfterPause(arr []Arrival, worker string, at time.Time) ([]Arrival, []int64) {
+	var late []int64
+	kept := slices.DeleteFunc(slices.Clone(arr), func(a Arrival) bool {
+		l := a.Worker == worker && a.At.After(at) && a.TS != 0 && a.TS < at.UnixMilli()
+		if l {
+			late = append(late, a.Seq)
+		}
+		return l
+	})
+	return kept, late
+}
+
 // Planned is what CheckPlanned found over a set of connections.
 type Planned struct {
 	Gaps     []time.Duration // between stints, sorted

@@ -42,3 +42,22 @@ func TestDeliveryChecks(t *testing.T) {
 		t.Fatalf("%d stints, want 3", n)
 	}
 }
+
+// Only the paused worker's messages produced before the pause and arriving after it
+// are split off.
+func TestLandedAfterPause(t *testing.T) {
+	at := time.UnixMilli(10_000)
+	arr := []Arrival{
+		{Worker: "a", Seq: 1, TS: 9_000, At: time.UnixMilli(9_001)},   // before the pause
+		{Worker: "b", Seq: 1, TS: 9_500, At: time.UnixMilli(12_000)},  // another worker
+		{Worker: "a", Seq: 2, TS: 9_900, At: time.UnixMilli(15_000)},  // in flight at the pause
+		{Worker: "a", Seq: 3, TS: 15_100, At: time.UnixMilli(15_200)}, // read after it
+	}
+	kept, late := LandedAfterPause(arr, "a", at)
+	if len(late) != 1 || late[0] != 2 || len(kept) != 3 || kept[1].Worker != "b" || kept[2].Seq != 3 {
+		t.Fatalf("kept %+v, late %v", kept, late)
+	}
+	if len(arr) != 4 {
+		t.Fatal("the input was changed")
+	}
+}

@@ -2,7 +2,6 @@ package fleet_test
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -126,14 +125,7 @@ func TestFleetEndToEnd(t *testing.T) {
 		// the next owner began (docs/MEMBERSHIP.md, "Non-guarantees"): messages read
 		// before the pause arriving after it. They are reported and left out of the
 		// check; anything the paused worker read after its pause still fails it.
-		var inFlight []int64
-		arr = slices.DeleteFunc(arr, func(a fleet.Arrival) bool {
-			late := a.Worker == paused && a.At.After(pausedAt) && a.TS != 0 && a.TS < pausedAt.UnixMilli()
-			if late {
-				inFlight = append(inFlight, a.Seq)
-			}
-			return late
-		})
+		arr, inFlight := fleet.LandedAfterPause(arr, paused, pausedAt)
 		if len(inFlight) > 0 {
 			t.Logf("%s: %d messages read by %s before its SIGSTOP landed after it (a write in flight at the pause): %v", id, len(inFlight), paused, inFlight)
 		}
