@@ -328,6 +328,11 @@ func TestChaos(t *testing.T) {
 	start := time.Now()
 	counts := map[string]int{}
 	images := map[string]codec.Item{}
+	type pause struct {
+		worker string
+		at     time.Time
+	}
+	var pauses []pause
 	outage, cut := false, make([]bool, workers)
 	setDown := func() {
 		for slot, p := range proxies {
@@ -343,6 +348,9 @@ func TestChaos(t *testing.T) {
 			sig := map[string]syscall.Signal{"kill": syscall.SIGKILL, "term": syscall.SIGTERM, "stop": syscall.SIGSTOP, "cont": syscall.SIGCONT}[a.kind]
 			if p := f.stack.Sup.Get(a.slot); p != nil {
 				note = p.ID
+				if a.kind == "stop" {
+					pauses = append(pauses, pause{p.ID, time.Now()})
+				}
 			}
 			if err := f.stack.Sup.Signal(a.slot, sig); err != nil {
 				note += fmt.Sprintf(" (%v)", err) // between a worker's exit and its restart
@@ -428,23 +436,34 @@ func TestChaos(t *testing.T) {
 		t.Errorf("%s after recovery: %s", 2*testRenew, why)
 	}
 
-	// At most one streaming client per connection, over the whole run.
-	var worst time.Duration
-	for id, o := range fleet.Overlaps(f.up.Events()) {
-		worst = max(worst, o.Longest)
-		if o.Longest > chaosOverlapBound {
-			t.Errorf("%s: %d clients at once for %s (total %s), more than %s", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
-		}
-	}
-	t.Logf("longest overlap of two clients on one connection: %s (bound %s)", worst, chaosOverlapBound)
-
-	// At the sink: no sequence gap, never two workers delivering at once (who
-	// delivered each message, and when, is recorded), and every connection delivered
-	// up to about now.
+	// A stale image written back over a live lease is outside the one-owner guarantee
+	// until the displaced holder's next owner write or its fence (shared/lease, package
+	// doc): on a connection that had one, an overlap or a second deliverer is reported,
+	// not failed.
 	restored := map[string]bool{}
 	for _, a := range plan {
 		restored[a.conn] = restored[a.conn] || a.kind == "restore"
 	}
+
+	// At most one streaming client per connection, over the whole run.
+	var worst time.Duration
+	for id, o := range fleet.Overlaps(f.up.Events()) {
+		if o.Longest <= chaosOverlapBound {
+			worst = max(worst, o.Longest)
+			continue
+		}
+		if restored[id] {
+			t.Logf("%s: %d clients at once for %s (total %s), more than %s (restored stale image)", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+			continue
+		}
+		worst = max(worst, o.Longest)
+		t.Errorf("%s: %d clients at once for %s (total %s), more than %s", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+	}
+	t.Logf("longest overlap of two clients on one connection without a restored image: %s (bound %s)", worst, chaosOverlapBound)
+
+	// At the sink: no sequence gap, never two workers delivering at once (who
+	// delivered each message, and when, is recorded), and every connection delivered
+	// up to about now.
 	dups := 0
 	for _, id := range ids {
 		arr := col.Arrivals(id)
@@ -452,10 +471,16 @@ func TestChaos(t *testing.T) {
 			t.Errorf("%s: nothing delivered", id)
 			continue
 		}
+		// A sink write in flight when SIGSTOP hit lands when the worker resumes
+		// (docs/MEMBERSHIP.md, "Non-guarantees"): reported and left out of the
+		// deliverer check, as in the end-to-end test.
+		for _, p := range pauses {
+			var inFlight []int64
+			if arr, inFlight = fleet.LandedAfterPause(arr, p.worker, p.at); len(inFlight) > 0 {
+				t.Logf("%s: %d messages read by %s before its SIGSTOP landed after it: %v", id, len(inFlight), p.worker, inFlight)
+			}
+		}
 		if err := fleet.CheckOneDeliverer(arr); err != nil {
-			// A stale image written back over a live lease is outside the one-owner
-			// guarantee until the holder's next checkpoint (shared/lease, package doc):
-			// reported, not failed.
 			report := t.Errorf
 			if restored[id] {
 				report = t.Logf
