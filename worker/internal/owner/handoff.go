@@ -528,13 +528,30 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 		return fallback(fmt.Sprintf("prepare refused by %s: %s", target.ID, resp.Detail))
 	}
 	o.target.Store(&target)
-	o.cancel(errHandingOff)
+	o.cancel(handoffCut{m: m, o: o})
 	<-o.done
 	if !errors.Is(context.Cause(o.ctx), errHandingOff) {
 		m.abortPeer(target, req) // stopped for another reason first; its session said so
 		return false
 	}
 	return o.transferred.Load()
+}
+
+// handoffCut is the cause that stops a stream being handed off: the stream calls Cut
+// after its last delivery and before its close handshake (stream.Cutter), so the
+// transfer does not wait for the old socket's round trip to the upstream. If the
+// stream ends without calling it (it was between sockets), finish cuts over instead.
+type handoffCut struct {
+	m *Manager
+	o *owned
+}
+
+func (c handoffCut) Error() string { return errHandingOff.Error() }
+func (c handoffCut) Unwrap() error { return errHandingOff }
+func (c handoffCut) Cut() {
+	if c.o.cut.CompareAndSwap(false, true) {
+		c.m.cutOver(c.o, progress(c.o))
+	}
 }
 
 // cutOver is the end of a session handed off (steps 2 and 3): the stream has

@@ -214,6 +214,7 @@ type owned struct {
 	target      atomic.Pointer[codec.Worker]
 	fallback    atomic.Pointer[string]
 	transferred atomic.Bool
+	cut         atomic.Bool // cutOver ran (from the stream's Cut, or from finish)
 	// Membership mode, under renewMu: when the last checkpoint was written (monotonic,
 	// since Manager.started) and the last_seq it carried.
 	checkpointAt int64
@@ -595,7 +596,9 @@ func (m *Manager) finish(o *owned) {
 	p := progress(o) // draining: the store's default "released"
 	switch {
 	case errors.Is(cause, errHandingOff):
-		m.cutOver(o, p)
+		if o.cut.CompareAndSwap(false, true) { // not cut by the stream before its close
+			m.cutOver(o, p)
+		}
 		return
 	case errors.Is(cause, errHandoffFallback):
 		p.Error = "handoff: " + *o.fallback.Load() + "; released for the next owner (release-then-acquire)"

@@ -209,12 +209,21 @@ func (s *Stream) session(ctx context.Context) error {
 			sock = fresh
 			continue
 		}
+		graceful := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful)
+		var cut Cutter
+		if graceful && errors.As(context.Cause(ctx), &cut) {
+			// Deliver what was read, then cut, then close: what the reader queues
+			// meanwhile is not delivered here (the next owner resumes after the cut).
+			s.flushQueued(ctx, msgs)
+			cut.Cut()
+			graceful = false
+		}
 		s.closeSocket(sock)
 		if fresh != nil {
 			s.closeSocket(fresh)
 			s.cfg.Metrics.Overlap.Add(-1)
 		}
-		if ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful) {
+		if graceful {
 			s.flushQueued(ctx, msgs)
 		}
 		return err

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"weak"
@@ -609,4 +610,52 @@ func TestConnectQuotaShowsInStatus(t *testing.T) {
 	if cfg.Metrics.QuotaWaits.Load() != 1 || cfg.Metrics.QuotaWaiting.Load() != 0 {
 		t.Fatalf("waits %d, waiting %d", cfg.Metrics.QuotaWaits.Load(), cfg.Metrics.QuotaWaiting.Load())
 	}
+}
+
+// testCut is a Cutter cause that records what held when the stream cut.
+type testCut struct {
+	s                 *Stream
+	snk               *memSink
+	up                *demoupstream.Server
+	cuts              atomic.Int32
+	lastSeq, sinkLast int64
+	clientsAtCut      int
+}
+
+func (c *testCut) Error() string { return "test cut" }
+func (c *testCut) Unwrap() error { return ErrGraceful }
+func (c *testCut) Cut() {
+	c.cuts.Add(1)
+	c.lastSeq = c.s.LastSeq()
+	if seqs := c.snk.seqs(); len(seqs) > 0 {
+		c.sinkLast = seqs[len(seqs)-1]
+	}
+	c.clientsAtCut = c.up.Stats("k").Clients
+}
+
+// A Cutter cause runs once, after the last delivery and before the close handshake:
+// the sink has everything the stream counts as delivered, and the upstream still
+// holds the socket; the stream closes it after.
+func TestCutBeforeClose(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 200})
+	snk := &memSink{}
+	s := New(testConfig(t, snk, "seq"), "k", up.URL("k"), 0)
+	stop := run(s)
+	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 20 })
+	c := &testCut{s: s, snk: snk, up: up}
+	stop(c)
+	if n := c.cuts.Load(); n != 1 {
+		t.Fatalf("Cut ran %d times, want once", n)
+	}
+	if c.lastSeq == 0 || c.sinkLast != c.lastSeq {
+		t.Fatalf("at the cut: LastSeq %d, last at the sink %d: want equal, nonzero", c.lastSeq, c.sinkLast)
+	}
+	if c.clientsAtCut != 1 {
+		t.Fatalf("the upstream held %d sockets at the cut, want 1 (closed only after)", c.clientsAtCut)
+	}
+	if got := s.LastSeq(); got != c.lastSeq {
+		t.Fatalf("delivered %d after the cut (LastSeq %d at the cut)", got, c.lastSeq)
+	}
+	contiguous(t, snk.seqs(), 1)
+	waitFor(t, 5*time.Second, "the socket closed", func() bool { return up.Stats("k").Clients == 0 })
 }

@@ -35,6 +35,15 @@ import (
 // connection is no longer ours to deliver.
 var ErrGraceful = errors.New("graceful stop")
 
+// Cutter is a graceful cause that acts once the last message is delivered, before
+// the socket's close handshake: a planned handoff transfers the lease there, so the
+// new owner does not wait for the old socket's round trip to the upstream. Cut runs
+// on the stream's goroutine, after the final delivery and before Run returns.
+type Cutter interface {
+	error
+	Cut()
+}
+
 // Config holds the settings shared by every stream of a worker.
 type Config struct {
 	Resume      Resume
