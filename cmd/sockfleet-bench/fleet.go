@@ -43,6 +43,9 @@ type fleetSpec struct {
 	// Env, if set, adds settings of the worker with id (after the ones above).
 	Env       func(id string) []string
 	NoRestart bool // an exited worker stays gone (a scale-in)
+	// UpstreamRTT, if set, puts the upstream behind a delayLink: on another host,
+	// this round trip away, as far as timing goes.
+	UpstreamRTT time.Duration
 }
 
 // benchFleet is a running fleet: its own engine, table, upstream, metering proxies
@@ -54,6 +57,7 @@ type benchFleet struct {
 	db      *dynamodb.Client
 	table   string
 	up      *demoupstream.Server
+	link    *delayLink // in front of up, if spec.UpstreamRTT is set
 	workers *fleet.FaultProxy // every worker call goes through it
 	recon   *fleet.FaultProxy // every reconciler call (stream mode)
 	stack   *fleet.Stack
@@ -87,6 +91,11 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 	if f.up, err = demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: spec.Rate, Size: spec.Size,
 		ClientTimeout: 5 * time.Second}); err != nil {
 		return fail(err)
+	}
+	if spec.UpstreamRTT > 0 {
+		if f.link, err = newDelayLink(f.up.Addr(), spec.UpstreamRTT); err != nil {
+			return fail(err)
+		}
 	}
 	if f.workers, err = fleet.NewFaultProxy(f.engine.Endpoint, 1); err != nil {
 		return fail(err)
@@ -132,7 +141,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 	for i := range spec.Conns {
 		id := fmt.Sprintf("c%04d", i)
 		f.ids = append(f.ids, id)
-		it := codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: f.up.URL(id)})
+		it := codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: f.upstreamURL(id)})
 		if _, err := f.db.PutItem(ctx, &dynamodb.PutItemInput{TableName: &f.table, Item: it}); err != nil {
 			return fail(fmt.Errorf("add %s: %w", id, err))
 		}
@@ -150,10 +159,23 @@ func (f *benchFleet) Stop() {
 			p.Close()
 		}
 	}
+	if f.link != nil {
+		f.link.Close()
+	}
 	if f.up != nil {
 		f.up.Close()
 	}
 	f.engine.Stop()
+}
+
+// upstreamURL is the URL connection id streams from: the upstream's, or its
+// delayLink's.
+func (f *benchFleet) upstreamURL(id string) string {
+	u := f.up.URL(id)
+	if f.link != nil {
+		u = strings.Replace(u, f.up.Addr(), f.link.Addr(), 1)
+	}
+	return u
 }
 
 // usage is what both proxies metered so far.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +31,8 @@ var (
 	deployOnly  = flag.Bool("deploy", false, "run only the rolling-deploy scenario (handoff against release-then-acquire) and print its figures")
 	deployConns = flag.Int("deploy-conns", 1000, "connections in the rolling-deploy scenario")
 	deployRate  = flag.Float64("deploy-rate", 1, "upstream messages per second per connection in the rolling-deploy scenario")
+	deployRTT   = flag.Duration("deploy-rtt", 0, "in the rolling-deploy scenario, put the upstream this round trip away "+
+		"(a TCP proxy that delays connects and bytes); 0: on loopback")
 )
 
 // DeployResult is one path of the rolling deploy.
@@ -46,25 +49,36 @@ type DeployResult struct {
 	GapMs      []float64 `json:"gap_ms"`        // per move: the stall between the two owners' messages
 	DrainMs    []float64 `json:"drain_ms"`
 	// DialMs: WebSocket dials to the same upstream from this process while the fleet
-	// runs (TCP connect and handshake, then a close): "one dial time" on this machine.
-	DialMs    []float64 `json:"dial_ms"`
-	OverlapMs float64   `json:"longest_two_sockets_ms"`
-	Err       string    `json:"error,omitempty"`
+	// runs (TCP connect and handshake, then a close), before the drains; DrainDialMs:
+	// the same dials made during the drains, at the load the moves themselves see.
+	// "One dial time" on this machine.
+	DialMs      []float64 `json:"dial_ms"`
+	DrainDialMs []float64 `json:"drain_dial_ms"`
+	OverlapMs   float64   `json:"longest_two_sockets_ms"`
+	Err         string    `json:"error,omitempty"`
 }
 
-func runDeploy(ctx context.Context, out string, conns int, rate float64) error {
+func runDeploy(ctx context.Context, out string, conns int, rate float64, keep bool) error {
 	work, err := os.MkdirTemp("", "sockfleet-deploy-")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(work)
+	if keep {
+		defer deployLogf("fleet logs and sinks in %s", work)
+	} else {
+		defer os.RemoveAll(work)
+	}
 	deployLogf("building the worker and the reconciler")
 	bins, err := fleet.Build(filepath.Join(work, "bin"))
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	fmt.Printf("rolling deploy, %s, load at start %s\n", machine(), loadavg())
+	where := "on loopback"
+	if *deployRTT > 0 {
+		where = fmt.Sprintf("%s round trip away (delayLink)", *deployRTT)
+	}
+	fmt.Printf("rolling deploy, %s, upstream %s, load at start %s\n", machine(), where, loadavg())
 	for _, path := range []string{"handoff", "release"} {
 		r := deploy(ctx, bins, filepath.Join(work, path), path, conns, rate, log)
 		printDeploy(r)
@@ -89,7 +103,7 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 	}
 	defer col.Close()
 	spec := fleetSpec{Mode: schema.ModeStream, Workers: 5, Conns: conns, MaxConnections: conns, Rate: rate, Size: 16,
-		RestartDelay: 2 * time.Second, Env: func(id string) []string {
+		RestartDelay: 2 * time.Second, UpstreamRTT: *deployRTT, Env: func(id string) []string {
 			env := []string{schema.EnvSink + "=" + col.URL(id)}
 			if path == "release" {
 				env = append(env, schema.EnvHandoff+"=off")
@@ -108,7 +122,12 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 		return res
 	}
 	time.Sleep(3 * time.Second)
-	res.DialMs = measureDials(ctx, f.up.URL, 200)
+	res.DialMs = measureDials(ctx, f.upstreamURL, 200, 0)
+	dctx, stopDials := context.WithCancel(ctx)
+	dialed := make(chan []float64, 1)
+	go func() { dialed <- measureDials(dctx, f.upstreamURL, -1, 20*time.Millisecond) }()
+	endDials := sync.OnceFunc(func() { stopDials(); res.DrainDialMs = <-dialed })
+	defer endDials()
 	for slot := range spec.Workers {
 		p := f.stack.Sup.Get(slot)
 		start := time.Now()
@@ -125,6 +144,7 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 		}
 		time.Sleep(2 * time.Second) // the replacement registers before the next drain
 	}
+	endDials()
 	time.Sleep(3 * time.Second) // let the sinks catch up
 	var delays []float64
 	for _, id := range f.ids {
@@ -166,11 +186,21 @@ func deploy(ctx context.Context, bins fleet.Binaries, dir, path string, conns in
 	return res
 }
 
-// measureDials dials n probe streams of the upstream one after the other and returns
-// each dial's time (connect and handshake), sorted.
-func measureDials(ctx context.Context, url func(id string) string, n int) []float64 {
+// measureDials dials n probe streams of the upstream one after the other (n < 0:
+// until ctx ends), every pause, and returns each dial's time (connect and
+// handshake), sorted.
+func measureDials(ctx context.Context, url func(id string) string, n int, pause time.Duration) []float64 {
 	var out []float64
-	for i := range n {
+	for i := 0; n < 0 || i < n; i++ {
+		if pause > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(pause):
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
 		start := time.Now()
 		c, _, err := websocket.DefaultDialer.DialContext(ctx, url(fmt.Sprintf("dial-probe-%d", i)), nil)
 		if err != nil {
@@ -193,8 +223,12 @@ func printDeploy(r *DeployResult) {
 		r.Path, r.Workers, r.Conns, r.Moves, r.Missing, r.Duplicates, r.Serial, r.Conns, r.Rate, r.BaseMs,
 		q(0.5), q(0.99), q(1), r.DrainMs, r.OverlapMs)
 	if len(r.DialMs) > 0 {
-		fmt.Printf("%s: one dial to the upstream, %d dials while the fleet ran: p50 %.1f ms, p99 %.1f ms\n",
+		fmt.Printf("%s: one dial to the upstream, %d dials while the fleet ran, before the drains: p50 %.1f ms, p99 %.1f ms\n",
 			r.Path, len(r.DialMs), quantile(r.DialMs, 0.5), quantile(r.DialMs, 0.99))
+	}
+	if len(r.DrainDialMs) > 0 {
+		fmt.Printf("%s: one dial to the upstream, %d dials during the drains: p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+			r.Path, len(r.DrainDialMs), quantile(r.DrainDialMs, 0.5), quantile(r.DrainDialMs, 0.99), quantile(r.DrainDialMs, 1))
 	}
 }
 

@@ -68,7 +68,7 @@ func main() {
 	if *deployOnly { // handoff.go
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
-		if err := runDeploy(ctx, *out, *deployConns, *deployRate); err != nil {
+		if err := runDeploy(ctx, *out, *deployConns, *deployRate, *keep); err != nil {
 			fmt.Fprintln(os.Stderr, "sockfleet-bench:", err)
 			os.Exit(1)
 		}

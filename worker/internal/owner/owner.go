@@ -214,7 +214,8 @@ type owned struct {
 	target      atomic.Pointer[codec.Worker]
 	fallback    atomic.Pointer[string]
 	transferred atomic.Bool
-	cut         atomic.Bool // cutOver ran (from the stream's Cut, or from finish)
+	cut         atomic.Bool  // cutOver ran (from the stream's Cut, or from finish)
+	stopAt      atomic.Int64 // when a handoff stopped the stream (unix ns), for the cut-over's timings
 	// Membership mode, under renewMu: when the last checkpoint was written (monotonic,
 	// since Manager.started) and the last_seq it carried.
 	checkpointAt int64
