@@ -123,6 +123,7 @@ type stack struct {
 	reg    *registry.Registry
 	store  *lease.Store
 	n      int    // worker slots
+	cap    int    // each worker's capacity (stackOpts.maxConns)
 	dir    string // worker logs and sinks (<id>.sink)
 
 	mu      sync.Mutex
@@ -162,7 +163,7 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 	}
 	t.Cleanup(func() { up.Close() })
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	s := &stack{t: t, e: e, up: up, reg: &registry.Registry{DB: e.DB, Table: e.Table}, n: workers}
+	s := &stack{t: t, e: e, up: up, reg: &registry.Registry{DB: e.DB, Table: e.Table}, n: workers, cap: maxConns}
 	s.store, err = lease.New(e.DB, lease.Config{Table: e.Table})
 	if err != nil {
 		t.Fatal(err)

@@ -141,7 +141,7 @@ func counts(owners map[string]string) map[string]int {
 func (s *stack) planInput(owners map[string]string) ([]rebalance.Worker, []rebalance.Conn) {
 	var ws []rebalance.Worker
 	for _, id := range s.live() {
-		ws = append(ws, rebalance.Worker{ID: id, Capacity: 60})
+		ws = append(ws, rebalance.Worker{ID: id, Capacity: s.cap})
 	}
 	var cs []rebalance.Conn
 	for _, id := range slices.Sorted(maps.Keys(owners)) {
