@@ -57,7 +57,7 @@ type benchFleet struct {
 	db      *dynamodb.Client
 	table   string
 	up      *demoupstream.Server
-	link    *delayLink // in front of up, if spec.UpstreamRTT is set
+	link    *delayLink        // in front of up, if spec.UpstreamRTT is set
 	workers *fleet.FaultProxy // every worker call goes through it
 	recon   *fleet.FaultProxy // every reconciler call (stream mode)
 	stack   *fleet.Stack
