@@ -60,6 +60,12 @@ const (
 	// with self-fencing disabled in the worker they measured up to 3.2 s.
 	chaosOverlapBound = testRenew + chaosClientTimeout
 
+	// chaosHandoffOverlapBound is how long a planned handoff may keep two sockets
+	// open, one of them a standby that does not deliver (docs/HANDOFF.md, "Who
+	// delivers"): the worker's standby timeout (its defaults: prepare 10 s + 10 s)
+	// plus the cut (the last sink write and the close handshake), with a margin.
+	chaosHandoffOverlapBound = 25 * time.Second
+
 	// chaosRecoveryBound is how long after the faults stop (proxies clean, every worker
 	// continued) every STARTED connection must stream again. The slowest path: a
 	// lease renewed just before the end by a worker that then lost it without a
@@ -452,26 +458,10 @@ func TestChaos(t *testing.T) {
 		restored[a.conn] = restored[a.conn] || a.kind == "restore"
 	}
 
-	// At most one streaming client per connection, over the whole run.
-	var worst time.Duration
-	for id, o := range fleet.Overlaps(f.up.Events()) {
-		if o.Longest <= chaosOverlapBound {
-			worst = max(worst, o.Longest)
-			continue
-		}
-		if restored[id] {
-			t.Logf("%s: %d clients at once for %s (total %s), more than %s (restored stale image)", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
-			continue
-		}
-		worst = max(worst, o.Longest)
-		t.Errorf("%s: %d clients at once for %s (total %s), more than %s", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
-	}
-	t.Logf("longest overlap of two clients on one connection without a restored image: %s (bound %s)", worst, chaosOverlapBound)
-
 	// At the sink: no sequence gap, never two workers delivering at once (who
 	// delivered each message, and when, is recorded), and every connection delivered
 	// up to about now.
-	dups := 0
+	dups, oneDeliverer := 0, map[string]bool{}
 	for _, id := range ids {
 		arr := col.Arrivals(id)
 		if len(arr) == 0 {
@@ -493,7 +483,9 @@ func TestChaos(t *testing.T) {
 				t.Logf("%s: %d messages read by %s before its SIGSTOP landed after it: %v", id, len(inFlight), p.worker, inFlight)
 			}
 		}
-		if err := fleet.CheckOneDeliverer(arr); err != nil {
+		err := fleet.CheckOneDeliverer(arr)
+		oneDeliverer[id] = err == nil
+		if err != nil {
 			report := t.Errorf
 			if restored[id] {
 				report = t.Logf
@@ -515,6 +507,31 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	t.Logf("sinks: %d duplicates over %d connections; worker logs: %s", dups, len(ids), workerLogCounts(f.dir))
+
+	// At most one streaming client per connection, over the whole run. Two sockets
+	// with one delivering are allowed longer: a planned handoff's standby reads but
+	// does not deliver until its commit, and lives at most the standby timeout plus
+	// the cut (docs/HANDOFF.md); a frozen worker's socket delivers nothing. So an
+	// overlap past chaosOverlapBound on a connection whose deliveries passed the
+	// one-deliverer check above is reported, and failed only past
+	// chaosHandoffOverlapBound. With two deliverers it failed above already.
+	var worst time.Duration
+	for id, o := range fleet.Overlaps(f.up.Events()) {
+		if o.Longest <= chaosOverlapBound {
+			worst = max(worst, o.Longest)
+			continue
+		}
+		switch {
+		case restored[id]:
+			t.Logf("%s: %d clients at once for %s (total %s), more than %s (restored stale image)", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+		case oneDeliverer[id] && o.Longest <= chaosHandoffOverlapBound:
+			t.Logf("%s: %d clients at once for %s (total %s), more than %s: two sockets, one delivering", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+		default:
+			worst = max(worst, o.Longest)
+			t.Errorf("%s: %d clients at once for %s (total %s), more than %s", id, o.MaxClients, o.Longest, o.Total, chaosOverlapBound)
+		}
+	}
+	t.Logf("longest overlap of two clients on one connection, standbys and restored images aside: %s (bound %s)", worst, chaosOverlapBound)
 }
 
 // rawConn reads connection id's item as it is (strongly consistent).
