@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 )
 
 func main() {

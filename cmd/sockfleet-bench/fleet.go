@@ -18,11 +18,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/shared/ddb"
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
-	"github.com/sockfleet/sockfleet/shared/dynoxide"
-	"github.com/sockfleet/sockfleet/shared/fleet"
-	"github.com/sockfleet/sockfleet/shared/membership"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -126,7 +126,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		cfg.SweepEvery = sweepPeriod
 		cfg.ReconcilerEnv = []string{
 			schema.EnvSweepPeriod + "=" + sweepPeriod.String(),
-			schema.EnvSkewMargin + "=" + membership.DefaultSkew.String(),
+			schema.EnvSkewMargin + "=" + reaper.DefaultSkew.String(),
 			"AWS_ENDPOINT_URL_DYNAMODB=" + f.recon.Endpoint(),
 		}
 	}

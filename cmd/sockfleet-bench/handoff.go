@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
-	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 

@@ -36,7 +36,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 

@@ -14,8 +14,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/fleet"
-	"github.com/sockfleet/sockfleet/shared/rebalance"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rebalance"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 

@@ -10,7 +10,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
-	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
+	"github.com/sockfleet/sockfleet/shared/local/kinesalite/kinesistest"
 )
 
 // Records as the sinks write them (docs/SINKS.md), with a gap, a repeat, a bad

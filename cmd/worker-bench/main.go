@@ -40,7 +40,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/ddb"
-	"github.com/sockfleet/sockfleet/shared/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )

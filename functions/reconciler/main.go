@@ -21,13 +21,13 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/sockfleet/sockfleet/functions/reconciler/handler"
+	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
+	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/lease"
-	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
-	"github.com/sockfleet/sockfleet/shared/sweep"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
@@ -43,7 +43,7 @@ func main() {
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	table := env(schema.EnvTable, schema.DefaultTableName)
-	skew, err1 := duration(schema.EnvSkewMargin, membership.DefaultSkew)
+	skew, err1 := duration(schema.EnvSkewMargin, reaper.DefaultSkew)
 	nudge, err2 := duration(schema.EnvNudgeAfter, sweep.DefaultNudgeAfter)
 	period, err3 := duration(schema.EnvSweepPeriod, sweep.DefaultPeriod)
 	maxItems, err4 := integer(schema.EnvSweepMaxItems, sweep.DefaultMaxItems)
@@ -85,7 +85,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 		Leases:   leases,
 		Sweeper:  sw,
 		Sender:   sender,
-		Members:  &membership.Reaper{Registry: reg, Leases: leases, Skew: skew, Log: log},
+		Members:  &reaper.Reaper{Registry: reg, Leases: leases, Skew: skew, Log: log},
 		Rounds:   rr,
 		Log:      log,
 		Metrics:  os.Stdout, // EMF lines; CloudWatch turns them into metrics

@@ -7,7 +7,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/sockfleet/sockfleet/shared/ddb"
-	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 

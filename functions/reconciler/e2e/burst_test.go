@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
 	"github.com/sockfleet/sockfleet/shared/schema"
-	"github.com/sockfleet/sockfleet/shared/stream"
 )
 
 // TestBurstSpreadsAcrossInvocations adds 30 connections onto 3 idle workers, one
@@ -27,7 +27,7 @@ func burst(t *testing.T, gap time.Duration) {
 	const workers, n = 3, 30
 	// The default wakeup timeout: a wakeup that times out on a loaded machine is
 	// re-routed and its reply (the load) lost, which this test is not about.
-	s := newStackOf(t, workers, 100, stream.DefaultWakeupTimeout)
+	s := newStackOf(t, workers, 100, dispatch.DefaultWakeupTimeout)
 	ids := make([]string, n)
 	start := time.Now()
 	for i := range n {

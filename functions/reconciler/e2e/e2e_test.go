@@ -22,19 +22,19 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
 	"github.com/sockfleet/sockfleet/functions/reconciler/handler"
+	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
-	"github.com/sockfleet/sockfleet/shared/ddb/ddbtest"
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
-	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
 	"github.com/sockfleet/sockfleet/shared/lease"
-	"github.com/sockfleet/sockfleet/shared/membership"
+	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/streampoller"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/shared/stream"
-	"github.com/sockfleet/sockfleet/shared/streampoller"
-	"github.com/sockfleet/sockfleet/shared/sweep"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
@@ -181,7 +181,7 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 	}
 	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: wakeupTimeout},
 		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log, Rounds: rr,
-			Members: &membership.Reaper{Registry: s.reg, Leases: s.store, Skew: membership.DefaultSkew, Log: log}})
+			Members: &reaper.Reaper{Registry: s.reg, Leases: s.store, Skew: reaper.DefaultSkew, Log: log}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +477,7 @@ func TestWakeupToDeadAddressIsRerouted(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws, _, _ := s.reg.List(context.Background())
-	if first := stream.Workers(ws, time.Now()); len(first) == 0 || first[0].ID != "ghost" {
+	if first := dispatch.Workers(ws, time.Now()); len(first) == 0 || first[0].ID != "ghost" {
 		t.Fatalf("the ghost is not the first choice: %+v", first)
 	}
 	s.put("r", schema.Started)

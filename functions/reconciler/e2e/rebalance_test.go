@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockfleet/sockfleet/functions/reconciler/rebalance"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
-	"github.com/sockfleet/sockfleet/shared/fleet"
-	"github.com/sockfleet/sockfleet/shared/rebalance"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )

@@ -36,14 +36,15 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
+	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
+	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
+	"github.com/sockfleet/sockfleet/functions/reconciler/records"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
+	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
 	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/lease"
-	"github.com/sockfleet/sockfleet/shared/membership"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/shared/stream"
-	"github.com/sockfleet/sockfleet/shared/sweep"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
@@ -71,7 +72,7 @@ type Sweeper interface {
 type Config struct {
 	// ClusterARN: task events from any other cluster are ignored. Required.
 	ClusterARN string
-	// WakeupTimeout bounds each wakeup request. Default stream.DefaultWakeupTimeout.
+	// WakeupTimeout bounds each wakeup request. Default dispatch.DefaultWakeupTimeout.
 	WakeupTimeout time.Duration
 }
 
@@ -81,7 +82,7 @@ func (c *Config) Validate() error {
 		return errors.New("reconciler config: cluster ARN is empty")
 	}
 	if c.WakeupTimeout == 0 {
-		c.WakeupTimeout = stream.DefaultWakeupTimeout
+		c.WakeupTimeout = dispatch.DefaultWakeupTimeout
 	}
 	if c.WakeupTimeout < 0 {
 		return fmt.Errorf("reconciler config: wakeup timeout %s", c.WakeupTimeout)
@@ -94,14 +95,14 @@ type Deps struct {
 	Registry Registry
 	Leases   Leases
 	Sweeper  Sweeper
-	Sender   stream.Sender
+	Sender   dispatch.Sender
 	Log      *slog.Logger
 	Now      func() time.Time // default time.Now
 	Metrics  io.Writer        // EMF lines; default: discarded
 	// Members, if set, runs the membership protocol's dead-member detection: on a
 	// worker heartbeat record (at most once per Members.Every), for owners that
 	// stream records or the sweep show are not live members, and at each sweep.
-	Members *membership.Reaper
+	Members *reaper.Reaper
 	// Rounds, if set, runs rebalance rounds: checked on worker-item records (a join,
 	// a renew carrying its load) at most once per its CheckEvery, and at each sweep.
 	Rounds *rounds.Rounds
@@ -111,7 +112,7 @@ type Deps struct {
 type Handler struct {
 	cfg      Config
 	d        Deps
-	delivery stream.Delivery
+	delivery dispatch.Delivery
 }
 
 // New returns a Handler.
@@ -131,9 +132,9 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	if d.Metrics == nil {
 		d.Metrics = io.Discard
 	}
-	return &Handler{cfg: cfg, d: d, delivery: stream.Delivery{
+	return &Handler{cfg: cfg, d: d, delivery: dispatch.Delivery{
 		Sender: d.Sender, Timeout: cfg.WakeupTimeout, Log: d.Log,
-		Recent: &stream.Recent{}, // lives as long as the warm process: spreads bursts across invocations
+		Recent: &dispatch.Recent{}, // lives as long as the warm process: spreads bursts across invocations
 	}}, nil
 }
 
@@ -158,7 +159,7 @@ func (h *Handler) Handle(ctx context.Context, raw json.RawMessage) (any, error) 
 		return nil, fmt.Errorf("%w: %v", ErrUnknownEvent, err)
 	}
 	switch {
-	case len(s.Records) > 0 && s.Records[0].EventSource == stream.EventSource:
+	case len(s.Records) > 0 && s.Records[0].EventSource == records.EventSource:
 		return h.handleRawStream(ctx, raw)
 	case s.DetailType == TaskStateChange:
 		ev, err := DecodeTaskEvent(raw)
@@ -186,7 +187,7 @@ func (h *Handler) handleRawStream(ctx context.Context, raw json.RawMessage) (eve
 	}
 	var ev events.DynamoDBEvent
 	for i, rr := range batch.Records {
-		r, err := stream.DecodeRecord(rr)
+		r, err := records.DecodeRecord(rr)
 		if err != nil {
 			var peek struct {
 				Dynamodb struct {
@@ -206,7 +207,7 @@ func (h *Handler) handleRawStream(ctx context.Context, raw json.RawMessage) (eve
 
 // pending is the latest actionable decision about one id in a batch.
 type pending struct {
-	d   stream.Decision
+	d   records.Decision
 	seq string
 }
 
@@ -218,22 +219,22 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	heartbeat, joined := false, false
 	var owners []string // owners named by the records' new images
 	for _, r := range ev.Records {
-		if _, ok := schema.WorkerID(stream.Key(r)); ok {
+		if _, ok := schema.WorkerID(records.Key(r)); ok {
 			heartbeat = true // a membership renew: the reconciler's clock for dead-member detection
-			joined = joined || stream.Joined(r)
+			joined = joined || records.Joined(r)
 			continue
 		}
-		if o := stream.Holder(r); o != "" {
+		if o := records.Holder(r); o != "" {
 			owners = append(owners, o)
 		}
-		d, err := stream.Classify(r)
+		d, err := records.Classify(r)
 		if err != nil {
-			log.ErrorContext(ctx, "stream record unusable; skipped", "key", stream.Key(r), "seq", r.Change.SequenceNumber,
+			log.ErrorContext(ctx, "stream record unusable; skipped", "key", records.Key(r), "seq", r.Change.SequenceNumber,
 				"event", r.EventName, "err", err)
 			continue
 		}
-		if d.Action == stream.Ignore {
-			log.DebugContext(ctx, "stream record ignored", "key", stream.Key(r), "event", r.EventName)
+		if d.Action == records.Ignore {
+			log.DebugContext(ctx, "stream record ignored", "key", records.Key(r), "event", r.EventName)
 			continue
 		}
 		// A later record about the same id supersedes an earlier one: it describes
@@ -264,7 +265,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	if len(order) == 0 && len(owners) == 0 {
 		return resp, nil
 	}
-	ds := make([]stream.Decision, len(order))
+	ds := make([]records.Decision, len(order))
 	for i, id := range order {
 		ds[i] = latest[id].d
 	}
@@ -279,7 +280,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	for _, b := range bad {
 		log.WarnContext(ctx, "worker item will not decode; not a candidate", "err", b)
 	}
-	var out map[string]stream.Outcome
+	var out map[string]dispatch.Outcome
 	if err != nil {
 		log.ErrorContext(ctx, "list workers; the batch's actionable records will be retried", "err", err)
 	} else {
@@ -309,17 +310,17 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 // (it answered so, or is not a live member) — releasing the stale lease, or, for a
 // stale image already unowned, finding an owner. A holder that still holds it has
 // taken it back itself (AlreadyOwned); one that is draining releases it itself.
-func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.Time, ds []stream.Decision, out map[string]stream.Outcome) {
-	var needs []stream.Decision
+func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.Time, ds []records.Decision, out map[string]dispatch.Outcome) {
+	var needs []records.Decision
 	for _, d := range ds {
 		switch o := out[d.ID]; {
-		case d.Action == stream.ReportInvalid:
+		case d.Action == records.ReportInvalid:
 			if err := h.d.Leases.ReportInvalid(ctx, d.ID, d.Problem); err != nil {
-				out[d.ID] = stream.Outcome{Why: "report invalid: " + err.Error()}
+				out[d.ID] = dispatch.Outcome{Why: "report invalid: " + err.Error()}
 				continue
 			}
-			out[d.ID] = stream.Outcome{Done: true, Why: "reported on the item: " + d.Problem}
-		case d.Why != stream.WhyStale || !o.Done:
+			out[d.ID] = dispatch.Outcome{Done: true, Why: "reported on the item: " + d.Problem}
+		case d.Why != records.WhyStale || !o.Done:
 		case o.Result != "" && o.Result != wakeup.LostRace && o.Result != wakeup.NotStartable:
 		case d.Image.Owner != "":
 			err := h.d.Leases.ReleaseStale(ctx, d.ID, d.Image.Owner, d.Image.Version, d.LeaseVersion)
@@ -327,14 +328,14 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 			case err == nil:
 				h.d.Log.InfoContext(ctx, "stale image released", "id", d.ID, "stale_owner", d.Image.Owner,
 					"stale_version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
-				out[d.ID] = stream.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease released"}
+				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease released"}
 			case errors.Is(err, lease.ErrLost):
-				out[d.ID] = stream.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
+				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
 			default:
-				out[d.ID] = stream.Outcome{Worker: o.Worker, Result: o.Result, Why: err.Error()}
+				out[d.ID] = dispatch.Outcome{Worker: o.Worker, Result: o.Result, Why: err.Error()}
 			}
 		default:
-			needs = append(needs, stream.Decision{Action: stream.NeedsOwner, ID: d.ID, LeaseVersion: d.Image.Version, Why: stream.WhyStale})
+			needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, LeaseVersion: d.Image.Version, Why: records.WhyStale})
 		}
 	}
 	if len(needs) > 0 {
@@ -383,7 +384,7 @@ func (h *Handler) notLive(ctx context.Context, now time.Time, workers []codec.Wo
 	h.logReap(ctx, "owners not live", rep, err)
 }
 
-func (h *Handler) logReap(ctx context.Context, why string, rep membership.Report, err error) {
+func (h *Handler) logReap(ctx context.Context, why string, rep reaper.Report, err error) {
 	if err != nil {
 		h.d.Log.WarnContext(ctx, "membership: some actions failed; retried on a later heartbeat or sweep", "why", why, "err", err)
 	}

@@ -16,10 +16,10 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/sockfleet/sockfleet/shared/fleet"
+	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/shared/sweep"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 

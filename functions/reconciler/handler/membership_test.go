@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
-	"github.com/sockfleet/sockfleet/shared/membership"
+	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -43,7 +43,7 @@ func TestHeartbeatsDriveDeadMemberDetection(t *testing.T) {
 	r := newRig(t, worker("w1", 0), hung)
 	r.leases.allow = true
 	fm := &fakeMembers{fakeRegistry: r.reg}
-	r.h.d.Members = &membership.Reaper{Registry: fm, Leases: r.leases, Skew: 2 * time.Second}
+	r.h.d.Members = &reaper.Reaper{Registry: fm, Leases: r.leases, Skew: 2 * time.Second}
 	beat := events.DynamoDBEvent{Records: []events.DynamoDBEventRecord{record("MODIFY", schema.WorkerKey("w1"), nil)}}
 	if _, err := r.h.HandleStream(context.Background(), beat); err != nil {
 		t.Fatal(err)

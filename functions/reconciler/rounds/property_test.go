@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/rebalance"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rebalance"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )

@@ -70,9 +70,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/rebalance"
+	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
+	"github.com/sockfleet/sockfleet/functions/reconciler/rebalance"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/shared/stream"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
@@ -105,7 +105,7 @@ type Config struct {
 	MinInterval time.Duration    // least time between rounds; default DefaultMinInterval
 	Settle      time.Duration    // longest wait for a round's moves to show; default DefaultSettle
 	CheckEvery  time.Duration    // default DefaultCheckEvery
-	Timeout     time.Duration    // one handoff wakeup; default stream.DefaultWakeupTimeout
+	Timeout     time.Duration    // one handoff wakeup; default dispatch.DefaultWakeupTimeout
 	Disabled    bool             // no rounds at all
 }
 
@@ -122,7 +122,7 @@ func (c *Config) Validate() error {
 		{"min interval", &c.MinInterval, DefaultMinInterval},
 		{"settle", &c.Settle, DefaultSettle},
 		{"check every", &c.CheckEvery, DefaultCheckEvery},
-		{"wakeup timeout", &c.Timeout, stream.DefaultWakeupTimeout},
+		{"wakeup timeout", &c.Timeout, dispatch.DefaultWakeupTimeout},
 	} {
 		if *d.v < 0 {
 			return fmt.Errorf("rebalance config: %s %s is negative", d.name, *d.v)
@@ -139,7 +139,7 @@ func (c *Config) Validate() error {
 type Rounds struct {
 	cfg    Config
 	store  Store
-	sender stream.Sender
+	sender dispatch.Sender
 	log    *slog.Logger
 
 	mu        sync.Mutex
@@ -162,7 +162,7 @@ type flight struct {
 }
 
 // New returns Rounds. log may be nil.
-func New(cfg Config, store Store, sender stream.Sender, log *slog.Logger) (*Rounds, error) {
+func New(cfg Config, store Store, sender dispatch.Sender, log *slog.Logger) (*Rounds, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
-	"github.com/sockfleet/sockfleet/shared/kinesalite/kinesistest"
+	"github.com/sockfleet/sockfleet/shared/local/kinesalite/kinesistest"
 )
 
 func TestMain(m *testing.M) { kinesistest.Main(m) }

@@ -18,7 +18,7 @@ import (
 	"weak"
 
 	"github.com/gorilla/websocket"
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/worker/internal/secrets"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 )
 
 func TestBeatsNext(t *testing.T) {

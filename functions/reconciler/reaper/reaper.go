@@ -1,0 +1,240 @@
+// Package reaper is the reconciler's side of the membership protocol (see
+// docs/MEMBERSHIP.md): it finds members whose membership lease lapsed, declares them
+// dead, and releases their connections so that the stream hands them to live
+// workers. No loop polls for this: the reconciler calls Reap when a heartbeat record
+// arrives (at most once per Every), and from the backstop sweep.
+//
+// Guarantees:
+//   - A member is declared dead only by a conditional write: its item still holds the
+//     incarnation read, is not dead already, and its lease lapsed more than the skew
+//     margin ago. A member that renewed meanwhile is left alone.
+//   - A member's connections are released only once its lease lapsed more than the
+//     skew margin ago (registry.Releasable), by which time it has self-fenced; each
+//     release is conditioned on owner and version (lease.ReleaseAllOwnedBy).
+//   - A connection whose owner has no registry item is never released at once: a
+//     tombstone is written (conditionally, only if no item exists), which fails that
+//     worker's next renew, and its connections are released once the tombstone's
+//     lease (registry.TombstoneLease, at least any member's lease) lapsed beyond the
+//     margin.
+//   - Only membership items (with an incarnation) and tombstones are declared dead or
+//     reaped: a registry item without an incarnation (a polling-mode worker, or one
+//     of an older version during a rolling deploy) keeps leases that expire on their
+//     own, which the sweep releases. An owner with no item at all is tombstoned
+//     whatever its lease's expiry says: the reconciler serves stream mode, where
+//     every owner is a member (polling-mode fleets run without it).
+//   - Releases that fail are retried on later calls while the dead member's item is
+//     within RetryFor of its lapse; after that the sweep's pass over the table finds
+//     what is left.
+//   - After a quiet spell (no heartbeat batch for longer than Quiet, which is what an
+//     outage of the table or of its stream looks like: every member lapses at once),
+//     nobody is declared dead until Grace after the first heartbeat that ends it, so
+//     that members that are alive renew first instead of being expelled. Only a
+//     warm instance knows of a quiet spell; a cold one acts at once.
+//
+// Non-guarantees: the registry is listed through its index, which is eventually
+// consistent; a stale listing only delays a declaration (the conditional write
+// decides), it never causes a wrong one.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/registry"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// Registry is the part of the registry the reaper uses (*registry.Registry).
+type Registry interface {
+	List(ctx context.Context) ([]codec.Worker, []error, error)
+	DeclareDead(ctx context.Context, w codec.Worker, now time.Time, skew time.Duration) (bool, error)
+	Tombstone(ctx context.Context, id string, now time.Time) (bool, error)
+}
+
+// Leases releases a dead member's connections (*lease.Store).
+type Leases interface {
+	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
+}
+
+// Defaults.
+const (
+	// DefaultSkew is the skew margin of stream-mode workers and the reconciler: Fargate
+	// hosts sync time through the Amazon Time Sync Service, which keeps skew in the
+	// milliseconds; 2 s leaves three orders of magnitude.
+	DefaultSkew = 2 * time.Second
+	// DefaultEvery: heartbeats arrive every renew interval per worker, so a lapse is
+	// acted on within about this long after it passes the skew margin.
+	DefaultEvery = 2 * time.Second
+	// DefaultRetryFor: how long after a dead member's lapse its releases are retried.
+	DefaultRetryFor = 2 * time.Minute
+	// DefaultQuiet: heartbeat batches arrive every renew interval (3 s) divided by the
+	// number of members, so a gap this long means no member could renew (or the
+	// stream stalled), not that one died.
+	DefaultQuiet = 10 * time.Second
+	// DefaultGrace: one renew interval (3 s) plus the skew margin, time for every
+	// member that is alive to renew once the table is back.
+	DefaultGrace = 5 * time.Second
+)
+
+// Reaper declares lapsed members dead and releases their connections.
+type Reaper struct {
+	Registry Registry
+	Leases   Leases
+	Skew     time.Duration // the skew margin; the workers' must not exceed it
+	Every    time.Duration // default DefaultEvery
+	RetryFor time.Duration // default DefaultRetryFor
+	Quiet    time.Duration // default DefaultQuiet
+	Grace    time.Duration // default DefaultGrace
+	Log      *slog.Logger
+
+	mu         sync.Mutex
+	last       time.Time // last Reap slot claimed by Due
+	heard      time.Time // last heartbeat batch (Due call)
+	graceUntil time.Time // no declarations before this (after a quiet spell)
+}
+
+// Report is what one call did.
+type Report struct {
+	Declared   []string // members declared dead
+	Tombstoned []string // absent owners given a tombstone
+	Released   []string // connections released
+}
+
+// Due reports whether a heartbeat-driven Reap should run at now, and if so claims
+// the slot: at most one per Every per reconciler instance.
+func (r *Reaper) Due(now time.Time) bool {
+	every := r.Every
+	if every <= 0 {
+		every = DefaultEvery
+	}
+	quiet, grace := r.Quiet, r.Grace
+	if quiet <= 0 {
+		quiet = DefaultQuiet
+	}
+	if grace <= 0 {
+		grace = DefaultGrace
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.heard.IsZero() && now.Sub(r.heard) > quiet {
+		r.graceUntil = now.Add(grace)
+	}
+	r.heard = now
+	if !r.last.IsZero() && now.Sub(r.last) < every {
+		return false
+	}
+	r.last = now
+	return true
+}
+
+// inGrace reports whether declarations wait at now (a quiet spell just ended).
+func (r *Reaper) inGrace(now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return now.Before(r.graceUntil)
+}
+
+// Reap lists the registry and acts on every member that is lapsed or dead.
+func (r *Reaper) Reap(ctx context.Context, now time.Time) (Report, []codec.Worker, error) {
+	ws, _, err := r.Registry.List(ctx)
+	if err != nil {
+		return Report{}, nil, fmt.Errorf("reap: %w", err)
+	}
+	var rep Report
+	var errs []error
+	for _, w := range ws {
+		errs = append(errs, r.member(ctx, w, now, &rep, false))
+	}
+	return rep, ws, errors.Join(errs...)
+}
+
+// Owners acts on workers named as owners of connections (by stream records or the
+// sweep) that are not live members of ws, the registry as listed now: an absent one
+// gets a tombstone; a lapsed or dead one is handled as in Reap.
+func (r *Reaper) Owners(ctx context.Context, now time.Time, ws []codec.Worker, owners []string) (Report, error) {
+	byID := make(map[string]codec.Worker, len(ws))
+	for _, w := range ws {
+		byID[w.ID] = w
+	}
+	var rep Report
+	var errs []error
+	seen := map[string]bool{}
+	for _, id := range owners {
+		if id == "" || seen[id] {
+			continue
+		}
+		seen[id] = true
+		w, ok := byID[id]
+		if ok {
+			errs = append(errs, r.member(ctx, w, now, &rep, true))
+			continue
+		}
+		wrote, err := r.Registry.Tombstone(ctx, id, now)
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case wrote:
+			rep.Tombstoned = append(rep.Tombstoned, id)
+			r.log().InfoContext(ctx, "owner has no registry item; tombstone written, its connections are released once it lapses",
+				"worker", id, "after", registry.TombstoneLease+r.Skew)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// member acts on one registry item. seen: a connection is known to name it as owner,
+// so a long-dead member's connections are released too.
+func (r *Reaper) member(ctx context.Context, w codec.Worker, now time.Time, rep *Report, seen bool) error {
+	if w.Incarnation == "" && !w.Dead() {
+		// A polling-mode worker's item: its leases expire on their own and its
+		// registry refresh is not what keeps them, so it is not this package's to reap.
+		return nil
+	}
+	if !registry.Releasable(w, now, r.Skew) {
+		return nil // live, or lapsed within the margin: it may still be streaming
+	}
+	if !w.Dead() {
+		if r.inGrace(now) {
+			return nil // every member lapsed in a quiet spell: let the live ones renew first
+		}
+		declared, err := r.Registry.DeclareDead(ctx, w, now, r.Skew)
+		if err != nil {
+			return err
+		}
+		if !declared {
+			return nil // it renewed, left or changed since the listing
+		}
+		rep.Declared = append(rep.Declared, w.ID)
+		r.log().InfoContext(ctx, "member declared dead", "worker", w.ID, "incarnation", w.Incarnation,
+			"lapsed_ms_ago", now.UnixMilli()-w.HeartbeatExpiresAtMs)
+	} else if !seen && now.UnixMilli() > w.HeartbeatExpiresAtMs+r.retryFor().Milliseconds() {
+		return nil // long dead: the sweep's pass over the table covers what is left
+	}
+	ids, err := r.Leases.ReleaseAllOwnedBy(ctx, w.ID)
+	rep.Released = append(rep.Released, ids...)
+	if len(ids) > 0 {
+		r.log().InfoContext(ctx, "released a dead member's connections", "worker", w.ID, "released", len(ids))
+	}
+	if err != nil {
+		return fmt.Errorf("release connections of dead member %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+func (r *Reaper) retryFor() time.Duration {
+	if r.RetryFor <= 0 {
+		return DefaultRetryFor
+	}
+	return r.RetryFor
+}
+
+func (r *Reaper) log() *slog.Logger {
+	if r.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Log
+}

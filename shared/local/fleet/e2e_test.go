@@ -1,0 +1,147 @@
+package fleet_test
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// TestFleetEndToEnd runs 3 workers and 30 connections through stop, start, SIGTERM,
+// SIGKILL and SIGSTOP, then checks the invariants over the whole run: at most one
+// streaming client per connection (apart from an overlap bounded by the renew
+// interval), and at the sink no sequence gap and never two workers delivering at
+// once.
+func TestFleetEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end fleet test")
+	}
+	f, col, ids := collectorFleet(t, 3, 30, "c")
+
+	var paused string // the SIGSTOP victim, and when it was stopped
+	var pausedAt time.Time
+
+	t.Run("stop closes within 1s", func(t *testing.T) {
+		f.setState("c00", schema.Stopped)
+		d := waitFor(t, 5*time.Second, "c00 closed", func() (bool, string) {
+			st := f.up.Stats("c00")
+			return st.Clients == 0, fmt.Sprintf("%d clients", st.Clients)
+		})
+		t.Logf("STOPPED -> socket closed in %s", d)
+		if d > time.Second {
+			t.Errorf("STOPPED took %s to close the socket, want under 1s", d)
+		}
+		waitFor(t, 5*time.Second, "c00 released", func() (bool, string) {
+			c := f.conns()["c00"]
+			return !c.Owned() && c.LastSeq > 0, fmt.Sprintf("%+v", c)
+		})
+	})
+
+	t.Run("start streams within 1s", func(t *testing.T) {
+		f.setState("c00", schema.Started)
+		d := waitFor(t, 5*time.Second, "c00 streaming", func() (bool, string) { return f.streamingElsewhere([]string{"c00"}, "") })
+		t.Logf("STARTED -> streaming in %s", d)
+		if d > time.Second {
+			t.Errorf("STARTED took %s to stream, want under 1s", d)
+		}
+	})
+
+	failover := func(t *testing.T, slot int, sig syscall.Signal, within time.Duration) time.Duration {
+		p := f.stack.Sup.Get(slot)
+		victims := f.ownedBy(p.ID)
+		if len(victims) == 0 {
+			t.Skipf("worker %s owns nothing", p.ID)
+		}
+		if err := f.stack.Sup.Signal(slot, sig); err != nil {
+			t.Fatal(err)
+		}
+		d := waitFor(t, within, fmt.Sprintf("%d connections of %s streaming elsewhere", len(victims), p.ID), func() (bool, string) {
+			return f.streamingElsewhere(victims, p.ID)
+		})
+		t.Logf("%s of %s: %d connections streaming elsewhere after %s", sig, p.ID, len(victims), d)
+		return d
+	}
+
+	t.Run("SIGTERM drains to the others", func(t *testing.T) {
+		failover(t, 0, syscall.SIGTERM, 10*time.Second)
+	})
+
+	t.Run("SIGKILL fails over well before the lease expires", func(t *testing.T) {
+		d := failover(t, 1, syscall.SIGKILL, 10*time.Second)
+		if d >= testLease {
+			t.Errorf("SIGKILL failover took %s, not well before the %s lease", d, testLease)
+		}
+	})
+
+	t.Run("SIGSTOP longer than the lease: fenced, taken over, stays quiet", func(t *testing.T) {
+		p := f.stack.Sup.Get(2)
+		victims := f.ownedBy(p.ID)
+		if len(victims) == 0 {
+			t.Skipf("worker %s owns nothing", p.ID)
+		}
+		if err := f.stack.Sup.Signal(2, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		paused, pausedAt = p.ID, time.Now()
+		d := waitFor(t, testLease+10*time.Second, "paused worker's connections taken over", func() (bool, string) {
+			return f.streamingElsewhere(victims, p.ID)
+		})
+		t.Logf("SIGSTOP of %s: %d connections streaming elsewhere after %s", p.ID, len(victims), d)
+		if err := f.stack.Sup.Signal(2, syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		// Give the resumed worker every chance to misbehave, then check it did not.
+		time.Sleep(3 * testRenew)
+		if ok, why := f.streamingElsewhere(victims, p.ID); !ok {
+			t.Errorf("after SIGCONT: %s", why)
+		}
+		if mine := f.ownedBy(p.ID); len(mine) != 0 {
+			t.Errorf("the resumed worker owns %v again", mine)
+		}
+	})
+
+	// Let every connection settle, then check the invariants over the whole run.
+	waitFor(t, 15*time.Second, "all connections streaming at the end", func() (bool, string) { return f.streamingElsewhere(ids, "") })
+	for id, o := range fleet.Overlaps(f.up.Events()) {
+		if o.Longest > testRenew+500*time.Millisecond {
+			t.Errorf("%s: two clients at once for %s (total %s), more than the renew interval %s", id, o.Longest, o.Total, testRenew)
+		}
+	}
+	time.Sleep(2 * testRenew) // let sinks catch up with what the upstream sent
+	// At the sink, who delivered what and when: no gap, and never two workers
+	// delivering at once (the socket overlap above is counted apart).
+	dups := 0
+	for _, id := range ids {
+		arr := col.Arrivals(id)
+		if len(arr) == 0 {
+			t.Errorf("%s: nothing delivered", id)
+			continue
+		}
+		// A sink write in flight when SIGSTOP hit lands when the worker resumes, after
+		// the next owner began (docs/MEMBERSHIP.md, "Non-guarantees"): messages read
+		// before the pause arriving after it. They are reported and left out of the
+		// check; anything the paused worker read after its pause still fails it.
+		arr, inFlight := fleet.LandedAfterPause(arr, paused, pausedAt)
+		if len(inFlight) > 0 {
+			t.Logf("%s: %d messages read by %s before its SIGSTOP landed after it (a write in flight at the pause): %v", id, len(inFlight), paused, inFlight)
+		}
+		if err := fleet.CheckOneDeliverer(arr); err != nil {
+			t.Errorf("%s: %v", id, err)
+		}
+		seen := map[int64]bool{}
+		for _, a := range arr {
+			if seen[a.Seq] {
+				dups++
+			}
+			seen[a.Seq] = true
+		}
+	}
+	t.Logf("delivered to sinks with %d duplicates over %d connections", dups, len(ids))
+	if s := strings.TrimSpace(fmt.Sprint(f.stack.InvokeCount("task-stopped"))); s == "0" {
+		t.Error("no task-stopped event reached the reconciler")
+	}
+}

@@ -1,0 +1,270 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// Timings of the test fleet: short, so kills and pauses resolve in seconds.
+const (
+	testLease  = 4 * time.Second
+	testRenew  = time.Second
+	testMargin = 500 * time.Millisecond
+	// The reconciler's backstop: the sweep runs every testSweep and nudges items left
+	// unowned for testNudge.
+	testSweep = time.Second
+	testNudge = 2 * time.Second
+)
+
+func binaries(t *testing.T) fleet.Binaries {
+	t.Helper()
+	bins, err := fleet.BuildOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bins
+}
+
+// testFleet is a running fleet with its upstream and table.
+type testFleet struct {
+	t     *testing.T
+	env   *ddbtest.Env
+	up    *demoupstream.Server
+	stack *fleet.Stack
+	dir   string
+}
+
+// fleetOptions shapes a test fleet; zero values take the defaults noted.
+type fleetOptions struct {
+	Workers int
+	// WorkerEndpoint returns the DynamoDB endpoint the workers use, given the engine's
+	// (a FaultProxy in front of it, say); nil: the engine itself.
+	WorkerEndpoint func(engine string) string
+	// SlotEndpoint returns the endpoint of slot's workers, over WorkerEndpoint; may be nil.
+	SlotEndpoint  func(slot int) string
+	Rate          float64       // upstream messages per second per stream; default 20
+	ClientTimeout time.Duration // the upstream drops clients silent this long; default testRenew
+	// WorkerEnv returns extra environment for the worker in slot, after the defaults.
+	WorkerEnv func(slot int) []string
+	// Collector, if set, is every worker's sink (instead of its file), recording who
+	// delivered what and when.
+	Collector *fleet.Collector
+}
+
+func startFleet(t *testing.T, workers int, endpoint string) *testFleet {
+	t.Helper()
+	o := fleetOptions{Workers: workers}
+	if endpoint != "" {
+		o.WorkerEndpoint = func(string) string { return endpoint }
+	}
+	return startFleetWith(t, o)
+}
+
+func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
+	t.Helper()
+	if o.Rate == 0 {
+		o.Rate = 20
+	}
+	if o.ClientTimeout == 0 {
+		o.ClientTimeout = testRenew
+	}
+	b := binaries(t)
+	e := ddbtest.New(t)
+	up, err := demoupstream.Listen("127.0.0.1:0", demoupstream.Config{Rate: o.Rate, Size: 32, ClientTimeout: o.ClientTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { up.Close() })
+	endpoint := e.Endpoint
+	if o.WorkerEndpoint != nil {
+		endpoint = o.WorkerEndpoint(e.Endpoint)
+	}
+	dir := t.TempDir()
+	st, err := fleet.Start(context.Background(), fleet.Config{
+		Dir: dir, Endpoint: e.Endpoint, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
+		Secret: "test-secret-0123456789abcdef", Workers: o.Workers, WorkerBin: b.Worker, Restart: true,
+		Bootstrap: b.Bootstrap, RIE: b.RIE, LambdaAddr: "127.0.0.1:0",
+		WorkerEnv: func(slot int, id string) []string {
+			env := []string{
+				schema.EnvLease + "=" + testLease.String(),
+				schema.EnvRenewInterval + "=" + testRenew.String(),
+				schema.EnvRenewDeadline + "=" + (testLease - testRenew).String(),
+				schema.EnvSkewMargin + "=" + testMargin.String(),
+				// Stream mode: checkpoint as often as the lease was renewed before, so
+				// the duplicate window is the same; read back for lost wakeups often.
+				schema.EnvCheckpointInterval + "=" + testRenew.String(),
+				schema.EnvBackstopInterval + "=" + (2 * testRenew).String(),
+				schema.EnvDrainTimeout + "=5s",
+				schema.EnvMaxConnections + "=100",
+				schema.EnvLogLevel + "=debug",
+			}
+			if o.WorkerEnv != nil {
+				env = append(env, o.WorkerEnv(slot)...)
+			}
+			if o.Collector != nil {
+				env = append(env, schema.EnvSink+"="+o.Collector.URL(id))
+			}
+			return env
+		},
+		ReconcilerEnv: []string{
+			schema.EnvSkewMargin + "=" + testMargin.String(),
+			schema.EnvNudgeAfter + "=" + testNudge.String(),
+			schema.EnvSweepPeriod + "=" + testSweep.String(),
+		},
+		SweepEvery: testSweep,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &testFleet{t: t, env: e, up: up, stack: st, dir: dir}
+	t.Cleanup(func() {
+		st.Stop()
+		if t.Failed() {
+			dumpLogs(t, dir)
+		}
+	})
+	return f
+}
+
+// dumpLogs prints the reconciler's log tail and keeps a copy of the fleet's logs and
+// sinks outside the test's temporary folder, which is about to be removed.
+func dumpLogs(t *testing.T, dir string) {
+	for _, name := range []string{"reconciler.log"} {
+		b, _ := os.ReadFile(dir + "/logs/" + name)
+		t.Logf("--- %s (tail)\n%s", name, tail(string(b), 4000))
+	}
+	keep, err := os.MkdirTemp("", "sockfleet-failed-"+filepath.Base(t.Name())+"-")
+	if err == nil {
+		err = os.CopyFS(keep, os.DirFS(dir))
+	}
+	if err != nil {
+		t.Logf("keeping the fleet's logs: %v", err)
+		return
+	}
+	t.Logf("the fleet's logs and sinks are kept in %s", keep)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (f *testFleet) add(id string) {
+	f.t.Helper()
+	it := codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: f.up.URL(id)})
+	if _, err := f.env.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &f.env.Table, Item: it}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *testFleet) setState(id string, s schema.State) {
+	f.t.Helper()
+	_, err := f.env.DB.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
+		TableName: &f.env.Table, Key: map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
+		UpdateExpression:          aws.String("SET desired_state = :s"),
+		ExpressionAttributeValues: map[string]types.AttributeValue{":s": codec.S(string(s))},
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// conns reads every connection item.
+func (f *testFleet) conns() map[string]codec.Connection {
+	f.t.Helper()
+	out := map[string]codec.Connection{}
+	var start map[string]types.AttributeValue
+	for {
+		page, err := f.env.DB.Scan(context.Background(), &dynamodb.ScanInput{TableName: &f.env.Table, ExclusiveStartKey: start, ConsistentRead: aws.Bool(true)})
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		for _, it := range page.Items {
+			if c, err := codec.DecodeConnection(it); err == nil {
+				out[c.ID] = c
+			}
+		}
+		if len(page.LastEvaluatedKey) == 0 {
+			return out
+		}
+		start = page.LastEvaluatedKey
+	}
+}
+
+// ownedBy lists the connections worker id owns.
+func (f *testFleet) ownedBy(id string) []string {
+	var ids []string
+	for cid, c := range f.conns() {
+		if c.Owned() && c.LeaseOwner == id {
+			ids = append(ids, cid)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// streamingElsewhere reports whether every id has exactly one upstream client and an
+// owner other than notOwner.
+func (f *testFleet) streamingElsewhere(ids []string, notOwner string) (bool, string) {
+	cs := f.conns()
+	for _, id := range ids {
+		c := cs[id]
+		if st := f.up.Stats(id); st.Clients != 1 || !c.Owned() || c.LeaseOwner == notOwner {
+			return false, fmt.Sprintf("%s: %d clients, owner %q", id, st.Clients, c.LeaseOwner)
+		}
+	}
+	return true, ""
+}
+
+// waitFor polls cond until it holds or timeout passes, and returns the time it took.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) time.Duration {
+	t.Helper()
+	start := time.Now()
+	var why string
+	for time.Since(start) < timeout {
+		var ok bool
+		if ok, why = cond(); ok {
+			return time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %s: %s", what, timeout, why)
+	return 0
+}
+
+// collectorFleet starts workers workers delivering to a collector sink and n
+// connections named prefix00, prefix01, …, and waits until all of them stream.
+func collectorFleet(t *testing.T, workers, n int, prefix string) (*testFleet, *fleet.Collector, []string) {
+	t.Helper()
+	col, err := fleet.NewCollector()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { col.Close() })
+	f := startFleetWith(t, fleetOptions{Workers: workers, Collector: col})
+	ids := make([]string, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("%s%02d", prefix, i)
+		f.add(ids[i])
+	}
+	waitFor(t, 15*time.Second, fmt.Sprintf("all %d connections streaming", n), func() (bool, string) {
+		return f.streamingElsewhere(ids, "")
+	})
+	return f, col, ids
+}

@@ -1,0 +1,347 @@
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-lambda-go/events"
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	"github.com/sockfleet/sockfleet/shared/local/streampoller"
+	"github.com/sockfleet/sockfleet/shared/schema"
+)
+
+// Config describes a local fleet.
+type Config struct {
+	Dir      string // logs, sinks and the poller's checkpoint go here
+	Endpoint string // the DynamoDB endpoint (also serves Streams)
+	// WorkerEndpoint is the endpoint workers use; default Endpoint. Chaos runs put a
+	// FaultProxy here.
+	WorkerEndpoint string
+	// SlotEndpoint, if set, gives each slot's workers an endpoint of their own (a
+	// FaultProxy per slot, say), over WorkerEndpoint.
+	SlotEndpoint func(slot int) string
+	Table        string
+	Cluster      string // the local "ECS cluster" name
+	Secret       string // the wakeup HMAC key
+
+	Workers   int
+	WorkerBin string
+	// WorkerEnv returns extra environment for one worker (timings, mode); may be nil.
+	WorkerEnv func(slot int, id string) []string
+	// Ports: worker slot i listens on BasePort+i; 0 picks free ports.
+	BasePort int
+	Restart  bool // restart exited workers, as an ECS service would
+	// RestartDelay is how long a replacement takes to start; default 1s. ECS takes
+	// tens of seconds, which a benchmark may want to model.
+	RestartDelay time.Duration
+
+	// Reconciler: the real Lambda binary under the runtime emulator. With Bootstrap
+	// empty there is no reconciler (polling mode).
+	Bootstrap  string
+	RIE        string
+	LambdaAddr string // where the emulator takes invocations; default (or port 0): a free port
+	// RuntimeAPIAddr is where the emulator serves the function's runtime API; default:
+	// a free port. Every fleet has its own, so fleets run side by side.
+	RuntimeAPIAddr string
+	ReconcilerEnv  []string
+	SweepEvery     time.Duration // 0: no sweep
+
+	Log *slog.Logger
+}
+
+// Stack is a running local fleet.
+type Stack struct {
+	cfg     Config
+	Sup     *Supervisor
+	Lambda  *Emulator
+	Poller  *streampoller.Poller
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	events  sync.Mutex
+	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
+}
+
+// AWSEnv is the standard AWS settings that point a process at endpoint.
+func AWSEnv(endpoint string) []string {
+	return []string{
+		"AWS_ENDPOINT_URL_DYNAMODB=" + endpoint,
+		"AWS_ENDPOINT_URL_DYNAMODB_STREAMS=" + endpoint,
+		"AWS_REGION=" + LocalRegion,
+		"AWS_ACCESS_KEY_ID=local",
+		"AWS_SECRET_ACCESS_KEY=local",
+	}
+}
+
+// WorkerEnviron is the environment of the worker in slot with this id and port, in
+// order of precedence, the later winning:
+//
+//  1. the fleet's defaults, which a user may change: the sink (a file per worker
+//     under Dir/sinks) and SOCKFLEET_SEQ_PATH=seq (the demo upstream's {seq, ts,
+//     payload});
+//  2. cfg.WorkerEnv, which is where explicit worker settings go;
+//  3. what the fleet itself must decide (FleetOwnedEnv): table, worker id,
+//     addresses, wakeup secret and the AWS endpoint settings.
+//
+// SOCKFLEET_* variables of this process's own environment never reach a worker (see
+// Supervisor), so a setting takes effect only when it is passed on purpose.
+func (c Config) WorkerEnviron(slot int, id string, port int) []string {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	env := []string{
+		schema.EnvSink + "=file:" + c.SinkPath(id),
+		schema.EnvSeqPath + "=seq",
+	}
+	if c.WorkerEnv != nil {
+		env = append(env, c.WorkerEnv(slot, id)...)
+	}
+	endpoint := cmp.Or(c.WorkerEndpoint, c.Endpoint)
+	if c.SlotEndpoint != nil {
+		endpoint = c.SlotEndpoint(slot)
+	}
+	env = append(env, AWSEnv(endpoint)...)
+	return append(env,
+		schema.EnvTable+"="+c.Table,
+		schema.EnvWorkerID+"="+id,
+		schema.EnvListenAddr+"="+addr,
+		schema.EnvAdvertiseAddr+"="+addr,
+		schema.EnvWakeupSecret+"="+c.Secret)
+}
+
+// FleetOwnedEnv names the variables WorkerEnviron sets last, whatever else says:
+// passing one of them as a worker setting is a mistake (CheckWorkerEnv says so).
+var FleetOwnedEnv = []string{
+	schema.EnvTable, schema.EnvWorkerID, schema.EnvListenAddr, schema.EnvAdvertiseAddr, schema.EnvWakeupSecret,
+	"AWS_ENDPOINT_URL_DYNAMODB", "AWS_ENDPOINT_URL_DYNAMODB_STREAMS", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+}
+
+// CheckWorkerEnv checks explicit worker settings, NAME=VALUE each: the name must be a
+// variable the worker reads (schema.WorkerEnvVars; any name not starting with
+// SOCKFLEET_ passes, e.g. GODEBUG) and not one the fleet owns, and no name may repeat.
+// The values are the worker's to judge (run the worker's checkconfig).
+func CheckWorkerEnv(env []string) error {
+	seen := map[string]bool{}
+	var errs []error
+	for _, kv := range env {
+		name, _, ok := strings.Cut(kv, "=")
+		switch {
+		case !ok || name == "" || strings.ContainsAny(name, " \t\n"):
+			errs = append(errs, fmt.Errorf("worker setting %q: want NAME=VALUE", kv))
+		case slices.Contains(FleetOwnedEnv, name):
+			errs = append(errs, fmt.Errorf("worker setting %s: set by the local fleet itself, per worker; it cannot be changed here", name))
+		case strings.HasPrefix(name, "SOCKFLEET_") && !slices.Contains(schema.WorkerEnvVars, name):
+			errs = append(errs, fmt.Errorf("worker setting %s: not a variable the worker reads (see shared/schema/env.go)", name))
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("worker setting %s: given twice", name))
+		}
+		seen[name] = true
+	}
+	return errors.Join(errs...)
+}
+
+// CheckWorkerConfig runs `worker checkconfig` with a worker's environment, so a bad
+// worker setting stops the fleet at start with the worker's own message, rather than
+// every worker failing and being restarted over and over.
+func CheckWorkerConfig(ctx context.Context, cfg Config) error {
+	cmd := exec.CommandContext(ctx, cfg.WorkerBin, "checkconfig")
+	cmd.Env = append(withoutSockfleetVars(os.Environ()), cfg.WorkerEnviron(0, "w0-check", schema.DefaultWakeupPort)...)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		return fmt.Errorf("worker settings: %s (%w)", strings.TrimSpace(string(out)), err)
+	case err != nil:
+		return fmt.Errorf("check the worker settings with %s checkconfig: %w", cfg.WorkerBin, err)
+	}
+	return nil
+}
+
+// SinkPath is where the worker with id writes its messages.
+func (c Config) SinkPath(id string) string { return filepath.Join(c.Dir, "sinks", id+".jsonl") }
+
+// Start brings the fleet up: the reconciler under the emulator, the stream poller
+// feeding it, the workers, and the sweep.
+func Start(ctx context.Context, cfg Config) (*Stack, error) {
+	if cfg.WorkerEndpoint == "" {
+		cfg.WorkerEndpoint = cfg.Endpoint
+	}
+	if cfg.LambdaAddr == "" {
+		cfg.LambdaAddr = "127.0.0.1:0"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	for _, d := range []string{cfg.Dir, filepath.Join(cfg.Dir, "logs"), filepath.Join(cfg.Dir, "sinks")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := CheckWorkerConfig(ctx, cfg); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s := &Stack{cfg: cfg, cancel: cancel, Invokes: map[string]int{}}
+	fail := func(err error) (*Stack, error) { s.Stop(); return nil, err }
+
+	if cfg.Bootstrap != "" {
+		lf, err := os.Create(filepath.Join(cfg.Dir, "logs", "reconciler.log"))
+		if err != nil {
+			return fail(err)
+		}
+		env := append(AWSEnv(cfg.Endpoint),
+			schema.EnvTable+"="+cfg.Table,
+			schema.EnvWakeupSecret+"="+cfg.Secret,
+			schema.EnvClusterARN+"="+ClusterARN(cfg.Cluster))
+		s.Lambda, err = StartEmulator(EmulatorConfig{
+			RIE: cfg.RIE, Bootstrap: cfg.Bootstrap, Addr: cfg.LambdaAddr, RuntimeAPIAddr: cfg.RuntimeAPIAddr,
+			Env: append(env, cfg.ReconcilerEnv...), Log: lf,
+		})
+		if err != nil {
+			return fail(err)
+		}
+		streams := dynamodbstreams.New(dynamodbstreams.Options{
+			Region: LocalRegion, BaseEndpoint: aws.String(cfg.Endpoint),
+			Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
+		})
+		s.Poller, err = streampoller.New(streams, streampoller.Config{
+			Table: cfg.Table, Checkpoint: filepath.Join(cfg.Dir, "poller.json"), Log: cfg.Log, Region: LocalRegion,
+		})
+		if err != nil {
+			return fail(err)
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			if err := s.Poller.Run(ctx, s.handleStream); err != nil && ctx.Err() == nil {
+				cfg.Log.Error("stream poller stopped", "err", err)
+			}
+		}()
+		if cfg.SweepEvery > 0 {
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				t := time.NewTicker(cfg.SweepEvery)
+				defer t.Stop()
+				for {
+					select {
+					case <-ctx.Done():
+						return
+					case <-t.C:
+						if _, err := s.invoke(ctx, "sweep", []byte(`{"`+schema.SweepInputKey+`":"`+schema.SweepInputValue+`"}`)); err != nil {
+							cfg.Log.Error("sweep", "err", err)
+						}
+					}
+				}
+			}()
+		}
+	}
+
+	s.Sup = &Supervisor{
+		Bin:     cfg.WorkerBin,
+		LogDir:  filepath.Join(cfg.Dir, "logs"),
+		Log:     cfg.Log,
+		Restart: cfg.Restart, RestartDelay: cmp.Or(cfg.RestartDelay, time.Second),
+		Env: cfg.WorkerEnviron,
+		OnExit: func(slot int, id string, err error) {
+			if s.Lambda == nil {
+				return
+			}
+			// What ECS does when a task's worker container exits: an EventBridge event
+			// to the reconciler, sent while the task is still being torn down.
+			ev := WorkerExitedEvent(cfg.Cluster, id, ExitCode(err), fmt.Sprintf("worker exited: %v", err), time.Now())
+			if _, err := s.invoke(context.WithoutCancel(ctx), "task-stopped", ev); err != nil {
+				cfg.Log.Error("task-stopped event", "worker", id, "err", err)
+			}
+		},
+	}
+	for i := range cfg.Workers {
+		port := 0
+		if cfg.BasePort != 0 {
+			port = cfg.BasePort + i
+		} else {
+			var err error
+			if port, err = freePort(); err != nil {
+				return fail(err)
+			}
+		}
+		if _, err := s.Sup.Start(ctx, i, port); err != nil {
+			return fail(err)
+		}
+	}
+	return s, nil
+}
+
+// handleStream passes a batch to the reconciler exactly as Lambda would.
+func (s *Stack) handleStream(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+	var resp events.DynamoDBEventResponse
+	raw, err := json.Marshal(ev)
+	if err != nil {
+		return resp, err
+	}
+	out, err := s.invoke(ctx, "stream", raw)
+	if err != nil {
+		return resp, err
+	}
+	if err := json.Unmarshal(out, &resp); err != nil {
+		return resp, fmt.Errorf("reconciler reply %.200s: %w", out, err)
+	}
+	return resp, nil
+}
+
+func (s *Stack) invoke(ctx context.Context, kind string, ev []byte) ([]byte, error) {
+	s.events.Lock()
+	s.Invokes[kind]++
+	s.events.Unlock()
+	return s.Lambda.Invoke(ctx, ev)
+}
+
+// InvokeCount returns how many times the reconciler was invoked for kind.
+func (s *Stack) InvokeCount(kind string) int {
+	s.events.Lock()
+	defer s.events.Unlock()
+	return s.Invokes[kind]
+}
+
+// Sweep runs the backstop sweep once, now.
+func (s *Stack) Sweep(ctx context.Context) error {
+	if s.Lambda == nil {
+		return errors.New("no reconciler")
+	}
+	_, err := s.invoke(ctx, "sweep", []byte(`{"`+schema.SweepInputKey+`":"`+schema.SweepInputValue+`"}`))
+	return err
+}
+
+// Stop drains the workers (SIGTERM, then a kill after 30 s), then stops the poller,
+// the sweep and the reconciler.
+func (s *Stack) Stop() {
+	if s.Sup != nil {
+		s.Sup.Stop(30 * time.Second)
+	}
+	s.cancel()
+	s.wg.Wait()
+	if s.Lambda != nil {
+		s.Lambda.Stop()
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
