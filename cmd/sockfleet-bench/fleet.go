@@ -19,10 +19,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -80,11 +80,11 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		Region: fleet.LocalRegion, BaseEndpoint: aws.String(f.engine.Endpoint),
 		Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
 	})
-	if _, err := ddb.EnsureTable(ctx, f.db, f.table); err != nil {
+	if _, err := localddb.EnsureTable(ctx, f.db, f.table); err != nil {
 		return fail(err)
 	}
 	if spec.Mode == schema.ModePolling {
-		if err := ddb.EnsurePollingIndex(ctx, f.db, f.table); err != nil {
+		if err := localddb.EnsurePollingIndex(ctx, f.db, f.table); err != nil {
 			return fail(err)
 		}
 	}

@@ -30,11 +30,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	ktypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -145,7 +145,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
 	})
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	created, err := ddb.EnsureTable(cctx, db, o.table)
+	created, err := localddb.EnsureTable(cctx, db, o.table)
 	cancel()
 	if err != nil {
 		return err

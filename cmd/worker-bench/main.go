@@ -39,8 +39,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -321,7 +321,7 @@ func (b *bench) newTable(n int, upAddr string) (string, error) {
 	b.tables++
 	table := fmt.Sprintf("bench%d", b.tables)
 	ctx := context.Background()
-	if _, err := ddb.EnsureTable(ctx, b.db, table); err != nil {
+	if _, err := localddb.EnsureTable(ctx, b.db, table); err != nil {
 		return "", err
 	}
 	var wg sync.WaitGroup

@@ -10,9 +10,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -112,7 +112,7 @@ func BenchmarkWriteUnitsPerConnectionHour(b *testing.B) {
 	renewEvery := 20 * time.Second
 	b.Run("sockfleet", func(b *testing.B) {
 		e := ddbtest.New(b)
-		var m ddb.Meter
+		var m localddb.Meter
 		db := e.Client(nil, m.Option)
 		putN(b, e, 1)
 		s := benchStore(b, e, db)
@@ -156,7 +156,7 @@ func BenchmarkWriteUnitsPerConnectionHour(b *testing.B) {
 		if err := createSeedTable(ctx, e.DB, table); err != nil {
 			b.Fatal(err)
 		}
-		var m ddb.Meter
+		var m localddb.Meter
 		db := e.Client(nil, m.Option)
 		key := map[string]types.AttributeValue{schema.AttrPK: codec.S("CONN#s")}
 		if _, err := e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &table, Item: map[string]types.AttributeValue{

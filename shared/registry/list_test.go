@@ -12,8 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
@@ -24,7 +24,7 @@ import (
 func TestRenewCostsOneWriteUnit(t *testing.T) {
 	e := ddbtest.New(t)
 	ctx := context.Background()
-	var m ddb.Meter
+	var m localddb.Meter
 	r := registry.Registry{DB: e.Client(nil, m.Option), Table: e.Table}
 	now := time.Now()
 	w := member(strings.Repeat("w", schema.MaxIDLen), "0123456789abcdef0123456789abcdef", now.Add(10*time.Second))
@@ -133,7 +133,7 @@ func TestListFallsBackToTheLegacyIndex(t *testing.T) {
 	e := ddbtest.New(t) // only for the engine
 	ctx := context.Background()
 	table := e.Table + "_legacy"
-	in := ddb.CreateTableInput(table)
+	in := localddb.CreateTableInput(table)
 	ix := schema.LegacyRegistryIndex
 	in.GlobalSecondaryIndexes = []types.GlobalSecondaryIndex{{
 		IndexName:  aws.String(ix.Name),

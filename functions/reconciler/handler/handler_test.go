@@ -240,7 +240,7 @@ func TestStreamRegistryDown(t *testing.T) {
 func TestStreamLaterRecordSupersedes(t *testing.T) {
 	var batch events.DynamoDBEvent
 	for _, name := range []string{"insert_started", "stopped_owned", "stopped_renewed"} {
-		raw, err := os.ReadFile(filepath.Join("..", "..", "..", "shared", "stream", "testdata", name+".json"))
+		raw, err := os.ReadFile(filepath.Join("..", "records", "testdata", name+".json"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/shared/filters"
+	"github.com/sockfleet/sockfleet/shared/local/filtermatch"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -113,7 +114,7 @@ func loadRecord(t *testing.T, name string) (events.DynamoDBEventRecord, []byte) 
 }
 
 func TestClassifyTransitions(t *testing.T) {
-	set := filters.MustCompile(filters.Patterns)
+	set := filtermatch.MustCompile(filters.Patterns)
 	seen := map[string]bool{}
 	for _, tc := range transitions {
 		t.Run(tc.file, func(t *testing.T) {

@@ -20,8 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/local/localengine/enginetest"
 )
 
@@ -89,7 +89,7 @@ func New(t testing.TB) *Env {
 	e.Table = fmt.Sprintf("t%d_%s", tables.Add(1), enginetest.Sanitize(t.Name(), 200))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := ddb.EnsureTable(ctx, e.DB, e.Table); err != nil {
+	if _, err := localddb.EnsureTable(ctx, e.DB, e.Table); err != nil {
 		t.Fatalf("create test table: %v", err)
 	}
 	return e

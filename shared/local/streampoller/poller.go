@@ -1,7 +1,7 @@
 // Package streampoller is the local stand-in for Lambda's DynamoDB event source
 // mapping: it reads a table's stream with the dynamodbstreams SDK client
 // (ListStreams, DescribeStream, GetShardIterator, GetRecords), applies the same
-// filter patterns as production (shared/filters), and calls the reconciler's handler
+// filter patterns as production (shared/filters, matched by shared/local/filtermatch), and calls the reconciler's handler
 // with the events.DynamoDBEvent Lambda would pass.
 //
 // Guarantees:
@@ -40,6 +40,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
 	stypes "github.com/aws/aws-sdk-go-v2/service/dynamodbstreams/types"
 	"github.com/sockfleet/sockfleet/shared/filters"
+	"github.com/sockfleet/sockfleet/shared/local/filtermatch"
 )
 
 // Streams is the part of the dynamodbstreams client the poller uses.
@@ -61,7 +62,7 @@ type Config struct {
 	// Checkpoint is the file positions are kept in; empty keeps them in memory only.
 	Checkpoint string
 	// Filters: nil means the production patterns, filters.Patterns.
-	Filters *filters.Set
+	Filters *filtermatch.Set
 	// BatchSize is the GetRecords limit. Default 100 (Lambda's default batch size).
 	BatchSize int32
 	// IdleSleep is the pause after a pass over the shards that found no records.
@@ -108,7 +109,7 @@ func New(api Streams, cfg Config) (*Poller, error) {
 		return nil, errors.New("stream poller: set a table or a stream ARN")
 	}
 	if cfg.Filters == nil {
-		s, err := filters.Compile(filters.Patterns)
+		s, err := filtermatch.Compile(filters.Patterns)
 		if err != nil {
 			return nil, fmt.Errorf("stream poller: %w", err)
 		}

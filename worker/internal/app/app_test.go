@@ -17,10 +17,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
@@ -653,7 +653,7 @@ func TestStartupPassAcquiresUpToCapacity(t *testing.T) {
 // found by another worker once its lease has expired beyond the margin.
 func TestPollingModeFindsOrphansWithoutWakeups(t *testing.T) {
 	e := newEnv(t, rate)
-	if err := ddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
+	if err := localddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
 		t.Fatal(err)
 	}
 	e.putConn("c1", schema.Started)
@@ -712,7 +712,7 @@ func TestOperatorTypoStopsWithTheValueOnTheItem(t *testing.T) {
 // worker on every poll.
 func TestPollingModeDoesNotChurnAnUnusableItem(t *testing.T) {
 	e := newEnv(t, rate)
-	if err := ddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
+	if err := localddb.EnsurePollingIndex(context.Background(), e.db.DB, e.db.Table); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table,

@@ -1,4 +1,4 @@
-package ddb_test
+package localddb_test
 
 import (
 	"context"
@@ -6,8 +6,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
+	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { ddbtest.Main(m) }
 func TestEnsureTableMatchesSchema(t *testing.T) {
 	e := ddbtest.New(t)
 	ctx := context.Background()
-	created, err := ddb.EnsureTable(ctx, e.DB, e.Table)
+	created, err := localddb.EnsureTable(ctx, e.DB, e.Table)
 	if err != nil || created {
 		t.Fatalf("second EnsureTable: created=%v err=%v, want false, nil", created, err)
 	}
@@ -56,7 +56,7 @@ func TestEnsurePollingIndex(t *testing.T) {
 	e := ddbtest.New(t)
 	ctx := context.Background()
 	for range 2 { // idempotent
-		if err := ddb.EnsurePollingIndex(ctx, e.DB, e.Table); err != nil {
+		if err := localddb.EnsurePollingIndex(ctx, e.DB, e.Table); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,9 +1,11 @@
-package filters
+package filtermatch
 
 import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/sockfleet/sockfleet/shared/filters"
 )
 
 func TestMatchSemantics(t *testing.T) {
@@ -91,14 +93,14 @@ func TestCompileRefuses(t *testing.T) {
 }
 
 func TestPatternsCompileAndRender(t *testing.T) {
-	s, err := Compile(Patterns)
+	s, err := Compile(filters.Patterns)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.patterns) != len(Patterns) {
-		t.Fatalf("%d compiled, want %d", len(s.patterns), len(Patterns))
+	if len(s.patterns) != len(filters.Patterns) {
+		t.Fatalf("%d compiled, want %d", len(s.patterns), len(filters.Patterns))
 	}
-	for i, j := range JSON() {
+	for i, j := range filters.JSON() {
 		if !json.Valid([]byte(j)) {
 			t.Errorf("pattern %d renders invalid JSON: %s", i, j)
 		}
@@ -115,7 +117,7 @@ func TestHeartbeatNeverPasses(t *testing.T) {
 	heartbeat := `{"eventName": "MODIFY", "dynamodb": {
 		"OldImage": {"Pk": {"S": "CONN#c"}, "desired_state": {"S": "STARTED"}, "lease_owner": {"S": "w1"}, "lease_expires_at_ms": {"N": "1000"}},
 		"NewImage": {"Pk": {"S": "CONN#c"}, "desired_state": {"S": "STARTED"}, "lease_owner": {"S": "w1"}, "lease_expires_at_ms": {"N": "2000"}}}}`
-	s := MustCompile(Patterns)
+	s := MustCompile(filters.Patterns)
 	if ok, _ := s.MatchJSON([]byte(heartbeat)); ok {
 		t.Fatal("a heartbeat passes the filters")
 	}
@@ -123,7 +125,7 @@ func TestHeartbeatNeverPasses(t *testing.T) {
 	if ok, _ := untyped.MatchJSON([]byte(heartbeat)); !ok {
 		t.Fatal("the untyped exists pattern should match an object-valued attribute (Lambda's leaf-only rule)")
 	}
-	if !strings.Contains(strings.Join(JSON(), ""), `"lease_expires_at_ms":{"N":[{"exists":false}]}`) {
+	if !strings.Contains(strings.Join(filters.JSON(), ""), `"lease_expires_at_ms":{"N":[{"exists":false}]}`) {
 		t.Fatal("the absent-expiry pattern must name the N type")
 	}
 }

@@ -1,6 +1,7 @@
 // Package emf writes CloudWatch Embedded Metric Format log lines: one JSON object per
 // line, which CloudWatch Logs turns into metrics without any API call. In Lambda,
-// write them to stdout; locally they are ordinary JSON log lines.
+// write them to stdout; locally they are ordinary JSON log lines. Only the reconciler
+// uses it: the worker writes its own lines with its counters (worker/internal/metrics).
 package emf
 
 import (

@@ -1,4 +1,14 @@
-package filters
+// Package filtermatch matches DynamoDB stream records against Lambda event filter
+// patterns, so the local stream poller passes the reconciler exactly the records the
+// production event source mapping would. It never ships: on AWS, Lambda applies the
+// patterns (shared/filters) itself.
+//
+// Guarantees: the operators sockfleet's patterns use (exact values, prefix, suffix,
+// equals-ignore-case, anything-but, numeric, exists) match as Lambda documents them,
+// and any other operator is refused at compile time. Not guaranteed: Lambda's
+// behaviour on inputs its documentation leaves open; the tests pin the cases the
+// patterns rely on (typed exists, numbers as strings).
+package filtermatch
 
 import (
 	"bytes"
@@ -7,6 +17,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/sockfleet/sockfleet/shared/filters"
 )
 
 // Set is a compiled list of patterns, OR-ed, matched with the semantics of Lambda's
@@ -76,7 +88,7 @@ const sep = "\x1f"
 
 // Compile checks and compiles patterns. It goes through JSON, so it sees exactly what
 // Lambda is given (JSON renders the same data).
-func Compile(ps []Pattern) (*Set, error) {
+func Compile(ps []filters.Pattern) (*Set, error) {
 	s := &Set{}
 	for i, p := range ps {
 		b, err := json.Marshal(p)
@@ -110,7 +122,7 @@ func CompileJSON(b []byte) (*Set, error) {
 }
 
 // MustCompile is Compile for static data; it panics on a bad pattern.
-func MustCompile(ps []Pattern) *Set {
+func MustCompile(ps []filters.Pattern) *Set {
 	s, err := Compile(ps)
 	if err != nil {
 		panic(err)
