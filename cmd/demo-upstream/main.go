@@ -1,7 +1,7 @@
 // Command demo-upstream serves numbered WebSocket streams at
 // ws://ADDR/streams/{id}?from=N for local runs, tests and benchmarks, with test
 // controls under http://ADDR/control/ (drop, close, refuse, accept, stall, garbage,
-// stats, events). See package shared/demoupstream.
+// stats, events). See package shared/local/demoupstream.
 package main
 
 import (

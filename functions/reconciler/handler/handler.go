@@ -2,7 +2,7 @@
 // told apart by the shape of their JSON.
 //
 //   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
-//     each record is classified (shared/stream) and the workers that must act are
+//     each record is classified (functions/reconciler/records) and the workers that must act are
 //     woken; an unusable item's problem is written on the item, and a stale image is
 //     repaired once its displaced holder no longer holds the lease. The answer lists, by SequenceNumber, only the records that still need
 //     action and could not be delivered anywhere; a record that will not decode is
@@ -18,10 +18,10 @@
 //     what is already released does nothing.
 //   - The scheduled sweep: {"sockfleet": "sweep"} (the input the stack's schedule rule
 //     sends), or EventBridge's own scheduled-event shape ("detail-type": "Scheduled
-//     Event"). See shared/sweep.
+//     Event"). See functions/reconciler/sweep.
 //
 // The same Handler serves Lambda (functions/reconciler) and the local stack, which
-// feeds it stream batches from shared/streampoller and task events from its supervisor.
+// feeds it stream batches from shared/local/streampoller and task events from its supervisor.
 package handler
 
 import (
@@ -52,7 +52,7 @@ import (
 type Registry interface {
 	List(ctx context.Context) ([]codec.Worker, []error, error)
 	// Gone marks a worker whose process exited as dead, so that anything still
-	// naming it is released at once (see shared/membership).
+	// naming it is released at once (see functions/reconciler/reaper).
 	Gone(ctx context.Context, id string, now time.Time) error
 }
 

@@ -9,7 +9,7 @@ import (
 // Holder returns the owner a connection record's new image names with an unreleased
 // lease, or "". The reconciler checks such owners against the registry: a
 // connection owned by a worker that is not a live member must not wait for anything
-// but that worker's fence (see shared/membership).
+// but that worker's fence (see functions/reconciler/reaper).
 func Holder(r events.DynamoDBEventRecord) string {
 	if r.Change.NewImage == nil {
 		return ""

@@ -257,7 +257,7 @@ func TestChaos(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	replay := fmt.Sprintf("go test ./shared/fleet -run TestChaos -chaos.seed=%d", seed)
+	replay := fmt.Sprintf("go test ./shared/local/fleet -run TestChaos -chaos.seed=%d", seed)
 	if *chaosDuration != 25*time.Second {
 		replay += " -chaos.duration=" + chaosDuration.String()
 	}

@@ -1,7 +1,7 @@
 // Package localengine runs a local engine process (dynoxide, kinesalite) on a
 // loopback port: it finds what `make tools` installed under .tools/, starts the
-// engine, waits until its port accepts connections, and stops it. shared/dynoxide
-// and shared/kinesalite say which engine and how to run it.
+// engine, waits until its port accepts connections, and stops it. shared/local/dynoxide
+// and shared/local/kinesalite say which engine and how to run it.
 //
 // Guarantees: Start returns only once the port accepts TCP connections; a process
 // that did not get there is killed and reaped before Start tries again or fails. The

@@ -18,7 +18,7 @@ import (
 // local engine's stream and this poller. One write at a time; the clock starts before
 // the PutItem call, so the write's own round trip is included.
 //
-//	go test -run '^$' -bench WriteToHandler -benchtime 2000x ./shared/streampoller
+//	go test -run '^$' -bench WriteToHandler -benchtime 2000x ./shared/local/streampoller
 func BenchmarkWriteToHandler(b *testing.B) {
 	e := ddbtest.New(b)
 	p, err := New(e.Streams, Config{Table: e.Table})

@@ -1,5 +1,5 @@
 // Package enginetest shares one local engine process among all the tests of a test
-// binary: shared/ddb/ddbtest (dynoxide) and shared/kinesalite/kinesistest
+// binary: shared/local/ddbtest (dynoxide) and shared/local/kinesalite/kinesistest
 // (kinesalite) are built on it.
 //
 // The engine starts on first use, once per process, whether that start succeeds or
