@@ -17,7 +17,7 @@ type Index struct {
 }
 
 // TableDef is the table definition as data. The local bootstrap turns it into a
-// CreateTable call (shared/ddb) and the CDK stack into a TableV2; tests of both
+// CreateTable call (shared/local/localddb) and the CDK stack into a TableV2; tests of both
 // compare against this value, so the two cannot drift.
 type TableDef struct {
 	PartitionKey string // a string attribute
