@@ -17,6 +17,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -81,10 +82,17 @@ func repoRoot(t *testing.T) string {
 	return filepath.Dir(mod)
 }
 
+// listed caches goList's answers: the tests ask for the same graphs more than once.
+var listed sync.Map // root + args -> []pkg
+
 // goList runs `go list -json args` in root for the target platform and returns the
 // packages of this module it lists.
 func goList(t *testing.T, root string, args ...string) []pkg {
 	t.Helper()
+	key := root + "\x00" + strings.Join(args, "\x00")
+	if ps, ok := listed.Load(key); ok {
+		return ps.([]pkg)
+	}
 	cmd := exec.Command("go", append([]string{"list", "-json"}, args...)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), target...)
@@ -99,6 +107,7 @@ func goList(t *testing.T, root string, args ...string) []pkg {
 		var p pkg
 		err := dec.Decode(&p)
 		if errors.Is(err, io.EOF) {
+			listed.Store(key, ps)
 			return ps
 		}
 		if err != nil {
