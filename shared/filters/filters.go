@@ -1,6 +1,7 @@
 // Package filters holds the event filter patterns of the reconciler's DynamoDB event
 // source, as data. The CDK stack renders them into the event source mapping and the
-// local stream poller applies them (matched by shared/local/filtermatch), so production and local runs see the same records.
+// local stream poller applies them (matched by shared/local/filtermatch), so
+// production and local runs see the same records.
 //
 // What passes: INSERT; REMOVE; a connection released while STARTED
 // (lease_expires_at_ms = 0, or absent); any write whose new desired_state is not

@@ -19,12 +19,12 @@ import (
 // TestRebalanceGrowsAndShrinks grows a fleet of 3 workers holding 300 connections to
 // 5, then shrinks it back to 3 by draining two (SIGTERM), with rebalance rounds in
 // the reconciler and planned handoffs between the workers. It checks: every worker
-// ends within its band (±10 % of the mean, functions/reconciler/rebalance) within 60 s of the new
-// workers' start; the moves taken on are at most 1.1 × the minimum; no connection is
-// moved twice within the cooling period; and at the sink, in arrival order, every
-// connection's sequences follow one another with no gap and no duplicate, so never
-// two deliverers at once (fleet.CheckSerial). The bench (-rebalance) runs the same
-// scenario and reports its figures.
+// ends within its band (±10 % of the mean, functions/reconciler/rebalance) within
+// 60 s of the new workers' start; the moves taken on are at most 1.1 × the minimum;
+// no connection is moved twice within the cooling period; and at the sink, in arrival
+// order, every connection's sequences follow one another with no gap and no
+// duplicate, so never two deliverers at once (fleet.CheckSerial). The bench
+// (-rebalance) runs the same scenario and reports its figures.
 func TestRebalanceGrowsAndShrinks(t *testing.T) {
 	// The default cooling (5 min): a drain's handoffs are forced moves and do not
 	// start it, so the shrink is evened out by rounds at once, with the connections

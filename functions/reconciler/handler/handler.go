@@ -2,11 +2,12 @@
 // told apart by the shape of their JSON.
 //
 //   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
-//     each record is classified (functions/reconciler/records) and the workers that must act are
-//     woken; an unusable item's problem is written on the item, and a stale image is
-//     repaired once its displaced holder no longer holds the lease. The answer lists, by SequenceNumber, only the records that still need
-//     action and could not be delivered anywhere; a record that will not decode is
-//     logged with its key and skipped, never retried.
+//     each record is classified (functions/reconciler/records) and the workers that
+//     must act are woken; an unusable item's problem is written on the item, and a
+//     stale image is repaired once its displaced holder no longer holds the lease.
+//     The answer lists, by SequenceNumber, only the records that still need action
+//     and could not be delivered anywhere; a record that will not decode is logged
+//     with its key and skipped, never retried.
 //   - An ECS Task State Change from EventBridge ("detail-type": "ECS Task State
 //     Change") from the configured cluster that says the worker process is gone: its
 //     worker container is STOPPED (the task may still be DEACTIVATING, STOPPING or
@@ -21,7 +22,8 @@
 //     Event"). See functions/reconciler/sweep.
 //
 // The same Handler serves Lambda (functions/reconciler) and the local stack, which
-// feeds it stream batches from shared/local/streampoller and task events from its supervisor.
+// feeds it stream batches from shared/local/streampoller and task events from its
+// supervisor.
 package handler
 
 import (

@@ -1,17 +1,17 @@
-// Package rounds runs rebalance rounds in the reconciler: it decides when the
-// fleet's load is out of balance, plans a round with functions/reconciler/rebalance, and sends
-// each move to the connection's owner as a handoff wakeup (shared/wakeup, reason
-// handoff, To = the target). The owner hands the connection over make-before-break
-// (worker side) or answers target_unavailable.
+// Package rounds runs rebalance rounds in the reconciler: it decides when the fleet's
+// load is out of balance, plans a round with functions/reconciler/rebalance, and
+// sends each move to the connection's owner as a handoff wakeup (shared/wakeup,
+// reason handoff, To = the target). The owner hands the connection over
+// make-before-break (worker side) or answers target_unavailable.
 //
 // # When a round runs
 //
 // Nothing polls. The reconciler calls Check when a batch carries worker-item records
-// (a worker joining is an INSERT of its item; every membership renew is a MODIFY
-// that carries its load), at most once per DefaultCheckEvery, and from the backstop
-// sweep. Check compares the registry's loads with the bands of functions/reconciler/rebalance
-// (±Tolerance around the mean utilisation): a fleet within its bands costs no read
-// at all. Out of band, a round runs if:
+// (a worker joining is an INSERT of its item; every membership renew is a MODIFY that
+// carries its load), at most once per DefaultCheckEvery, and from the backstop sweep.
+// Check compares the registry's loads with the bands of
+// functions/reconciler/rebalance (±Tolerance around the mean utilisation): a fleet
+// within its bands costs no read at all. Out of band, a round runs if:
 //   - no round ran in the last MinInterval, and
 //   - the previous round's accepted moves show in the workers' reported loads (within
 //     a tenth of them, or one), or Settle has passed since it was sent. A round that
