@@ -9,8 +9,8 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
 	"github.com/sockfleet/sockfleet/worker/internal/member"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
 
@@ -18,10 +18,10 @@ import (
 // sides share; handoff_source.go is the old owner's side (A: prepare, cut over,
 // transfer, commit), handoff_target.go the new owner's (B: standby, commit or
 // adopt).
-// The old owner A asks the
-// target B to prepare; B checks the item (A at A's version), dials the upstream
-// resuming after A's last delivered sequence and holds what it reads behind a gate,
-// and answers ready once its socket is up. A then stops delivering (a graceful stop
+//
+// The old owner A asks the target B to prepare; B checks the item (A at A's
+// version), dials the upstream resuming after A's last delivered sequence and holds
+// what it reads behind a gate, and answers ready once its socket is up. A then stops delivering (a graceful stop
 // of its stream: everything read is delivered first), transfers the lease in one
 // conditional write (lease.Transfer) with checkpoint N, and tells B to commit at the
 // new version and N. B drops what it holds up to N and delivers from N+1.
@@ -50,7 +50,7 @@ type HandoffConfig struct {
 	// NewStandby makes a standby's stream, writing to a gate in front of the sink:
 	// valid is the stream's fence guard, overflow is to be called when the gate
 	// gives up.
-	NewStandby func(l lease.Lease, valid func() bool, overflow func(error)) (Stream, *handoff.Gate)
+	NewStandby func(l lease.Lease, valid func() bool, overflow func(error)) (Stream, *peer.Gate)
 	// Resumable says why l's upstream cannot be resumed (resume none), or nil.
 	Resumable func(l lease.Lease) error
 
@@ -80,7 +80,7 @@ type HandoffConfig struct {
 
 // Peer sends handoff calls to another worker.
 type Peer interface {
-	Send(ctx context.Context, addr string, req handoff.Request) (handoff.Response, error)
+	Send(ctx context.Context, addr string, req peer.Request) (peer.Response, error)
 }
 
 // HandoffStore is the part of the lease store handoffs use.
@@ -108,7 +108,7 @@ type standby struct {
 	from    string
 	version int64 // the old owner's
 	o       *owned
-	gate    *handoff.Gate
+	gate    *peer.Gate
 	timer   *time.Timer
 }
 
@@ -145,7 +145,7 @@ func newHandoffs(c *HandoffConfig, sess *member.Session) (*handoffs, error) {
 // last sequence delivered is the gate's, not the stream's.
 type gatedStream struct {
 	Stream
-	gate *handoff.Gate
+	gate *peer.Gate
 }
 
 func (g gatedStream) LastSeq() int64 {
@@ -173,7 +173,7 @@ func (g gatedStream) Halted() error {
 }
 
 // Handoff answers a call of another worker's handoff.
-func (m *Manager) Handoff(ctx context.Context, r handoff.Request) handoff.Response {
+func (m *Manager) Handoff(ctx context.Context, r peer.Request) peer.Response {
 	if m.ho == nil {
 		return refused("planned handoffs are off on this worker")
 	}
@@ -181,21 +181,21 @@ func (m *Manager) Handoff(ctx context.Context, r handoff.Request) handoff.Respon
 		return refused("addressed to %s, this is %s", r.To, m.cfg.WorkerID)
 	}
 	switch r.Op {
-	case handoff.Prepare:
+	case peer.Prepare:
 		return m.prepare(ctx, r)
-	case handoff.Commit:
+	case peer.Commit:
 		return m.commit(ctx, r)
 	default:
 		return m.abortStandby(r)
 	}
 }
 
-func refused(format string, args ...any) handoff.Response {
-	return handoff.Response{V: handoff.Version, Result: handoff.Refused, Detail: fmt.Sprintf(format, args...)}
+func refused(format string, args ...any) peer.Response {
+	return peer.Response{V: peer.Version, Result: peer.Refused, Detail: fmt.Sprintf(format, args...)}
 }
 
-func answer(r handoff.Result, detail string) handoff.Response {
-	return handoff.Response{V: handoff.Version, Result: r, Detail: detail}
+func answer(r peer.Result, detail string) peer.Response {
+	return peer.Response{V: peer.Version, Result: r, Detail: detail}
 }
 
 // ms is d in milliseconds, to 0.1 ms, for logs.

@@ -11,7 +11,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 )
 
 // The source's side of a planned handoff (A in docs/HANDOFF.md): pick a target (a
@@ -39,7 +39,7 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 	if p.LastSeq == 0 && p.Epoch == 0 {
 		return fallback(fmt.Sprintf("to %s: nothing delivered yet, no resume point", target.ID))
 	}
-	req := handoff.Request{Op: handoff.Prepare, Conn: id, From: m.cfg.WorkerID, To: target.ID,
+	req := peer.Request{Op: peer.Prepare, Conn: id, From: m.cfg.WorkerID, To: target.ID,
 		Version: o.lease.Version, Seq: p.LastSeq, Epoch: p.Epoch}
 	by := time.Now().Add(m.ho.cfg.PrepareTimeout)
 	if !prepareBy.IsZero() && prepareBy.Before(by) {
@@ -48,7 +48,7 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 	pctx, cancel := context.WithDeadline(o.ctx, by)
 	resp, err := m.ho.cfg.Peer.Send(pctx, target.Addr, req)
 	cancel()
-	if err != nil || resp.Result != handoff.Ready {
+	if err != nil || resp.Result != peer.Ready {
 		if err != nil {
 			// Release first: the target did not answer, and may not answer an abort
 			// either (its standby, if any, ends at its own timeout).
@@ -108,7 +108,7 @@ func (m *Manager) cutOver(o *owned, p lease.Progress) {
 	defer cancel()
 	cut := time.Now()
 	nl, err := m.ho.cfg.Store.Transfer(ctx, o.lease, t.ID, p, o.rebalance.Load())
-	req := handoff.Request{Conn: o.lease.ID, From: m.cfg.WorkerID, To: t.ID, Version: o.lease.Version}
+	req := peer.Request{Conn: o.lease.ID, From: m.cfg.WorkerID, To: t.ID, Version: o.lease.Version}
 	switch {
 	case err == nil:
 		o.transferred.Store(true)
@@ -139,15 +139,15 @@ func (m *Manager) cutOver(o *owned, p lease.Progress) {
 // commitPeer tells the target it holds nl, a few times within a few seconds. If it
 // never hears, its standby timeout finds the lease in the table.
 func (m *Manager) commitPeer(t codec.Worker, nl lease.Lease, p lease.Progress) {
-	req := handoff.Request{Op: handoff.Commit, Conn: nl.ID, From: m.cfg.WorkerID, To: t.ID,
+	req := peer.Request{Op: peer.Commit, Conn: nl.ID, From: m.cfg.WorkerID, To: t.ID,
 		Version: nl.Version, Seq: p.LastSeq, Epoch: p.Epoch}
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		var resp handoff.Response
+		var resp peer.Response
 		resp, err = m.ho.cfg.Peer.Send(ctx, t.Addr, req)
 		cancel()
-		if err == nil && resp.Result == handoff.Committed {
+		if err == nil && resp.Result == peer.Committed {
 			return
 		}
 		if err == nil {
@@ -161,8 +161,8 @@ func (m *Manager) commitPeer(t codec.Worker, nl lease.Lease, p lease.Progress) {
 
 // abortPeer tells the target to drop its standby, once, best effort (a standby not
 // committed ends at its timeout anyway).
-func (m *Manager) abortPeer(t codec.Worker, req handoff.Request) {
-	req.Op = handoff.Abort
+func (m *Manager) abortPeer(t codec.Worker, req peer.Request) {
+	req.Op = peer.Abort
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	if _, err := m.ho.cfg.Peer.Send(ctx, t.Addr, req); err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
 
@@ -19,7 +19,7 @@ import (
 // neither committed nor adopted ends without a write.
 
 // prepare opens a standby for r.Conn (B's side of step 1).
-func (m *Manager) prepare(ctx context.Context, r handoff.Request) handoff.Response {
+func (m *Manager) prepare(ctx context.Context, r peer.Request) peer.Response {
 	id := r.Conn
 	m.mu.Lock()
 	switch {
@@ -90,7 +90,7 @@ func (m *Manager) prepare(ctx context.Context, r handoff.Request) handoff.Respon
 	}
 	sb.timer = time.AfterFunc(m.ho.cfg.StandbyTimeout, func() { m.standbyExpired(sb) })
 	m.cfg.Log.Info("standing by for a handoff", "conn", id, "from", r.From, "version", r.Version, "after", r.Seq)
-	return answer(handoff.Ready, "")
+	return answer(peer.Ready, "")
 }
 
 // awaitReady waits until the standby's socket is up (handshake and open messages
@@ -157,13 +157,13 @@ func (m *Manager) dropStandby(sb *standby, why string) {
 }
 
 // commit is B's side of step 3: deliver under the new version from r.Seq+1.
-func (m *Manager) commit(ctx context.Context, r handoff.Request) handoff.Response {
+func (m *Manager) commit(ctx context.Context, r peer.Request) peer.Response {
 	m.mu.Lock()
 	sb, o := m.ho.standby[r.Conn], m.conns[r.Conn]
 	m.mu.Unlock()
 	if o != nil {
 		if o.lease.Version == r.Version {
-			return answer(handoff.Committed, "already delivering under this version")
+			return answer(peer.Committed, "already delivering under this version")
 		}
 		return refused("held here at version %d", o.lease.Version)
 	}
@@ -173,7 +173,7 @@ func (m *Manager) commit(ctx context.Context, r handoff.Request) handoff.Respons
 		if sb.from != r.From {
 			return refused("standing by for %s, not %s", sb.from, r.From)
 		}
-		if res, ok := m.promote(ctx, sb, r.Version, handoff.Position{Seq: r.Seq, Epoch: r.Epoch}); ok {
+		if res, ok := m.promote(ctx, sb, r.Version, peer.Position{Seq: r.Seq, Epoch: r.Epoch}); ok {
 			return res
 		}
 	}
@@ -183,15 +183,15 @@ func (m *Manager) commit(ctx context.Context, r handoff.Request) handoff.Respons
 // promote makes sb's stream the owner's at version, delivering after cut. ok false:
 // the standby is gone or unusable (it was stopped); the caller adopts instead. Call
 // with sb.mu held.
-func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut handoff.Position) (handoff.Response, bool) {
+func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut peer.Position) (peer.Response, bool) {
 	o := sb.o
 	m.mu.Lock()
 	if cur := m.conns[sb.id]; m.ho.standby[sb.id] != sb {
 		m.mu.Unlock()
 		if cur != nil && cur.lease.Version == version {
-			return answer(handoff.Committed, "already delivering under this version"), true
+			return answer(peer.Committed, "already delivering under this version"), true
 		}
-		return handoff.Response{}, false
+		return peer.Response{}, false
 	}
 	delete(m.ho.standby, sb.id)
 	if sb.timer != nil {
@@ -206,7 +206,7 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut h
 		sb.gate.Abandon(errStandbyGone)
 		o.cancel(fmt.Errorf("%w: not usable at the commit", errStandbyGone))
 		<-o.done
-		return handoff.Response{}, false
+		return peer.Response{}, false
 	}
 	o.lease.Version, o.lease.LastSeq, o.lease.Epoch = version, cut.Seq, cut.Epoch
 	o.lease.ExpiresAtMs = schema.LeaseHeldByMember
@@ -220,19 +220,19 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut h
 		m.cfg.Log.Warn("handoff: held messages not delivered yet; retried with the next write", "conn", sb.id, "err", err)
 	}
 	m.cfg.Log.Info("taken over by handoff", "conn", sb.id, "from", sb.from, "version", version, "after", cut.Seq)
-	return answer(handoff.Committed, ""), true
+	return answer(peer.Committed, ""), true
 }
 
 // adopt takes up a lease the table names this worker for at version (transferred to
 // it, its standby gone or never committed) with checkpoint seq: one conditional
 // write (owner = me AND version) confirms it, then it streams from seq. If this
 // worker cannot run it, it releases it for the next owner.
-func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string) handoff.Response {
+func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string) peer.Response {
 	m.mu.Lock()
 	switch o := m.conns[id]; {
 	case o != nil && o.lease.Version == version:
 		m.mu.Unlock()
-		return answer(handoff.Committed, "already delivering under this version")
+		return answer(peer.Committed, "already delivering under this version")
 	case o != nil || m.acquiring[id] || m.ho.standby[id] != nil:
 		m.mu.Unlock()
 		return refused("held, being taken, or standing by here")
@@ -275,7 +275,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	m.act(o, c) // stopped or changed meanwhile: act as a checkpoint would
 	m.cfg.Metrics.HandoffsAdopted.Add(1)
 	m.cfg.Log.Info("adopted a lease handed to this worker", "conn", id, "version", version, "after", seq, "why", why)
-	return answer(handoff.Committed, why)
+	return answer(peer.Committed, why)
 }
 
 // standbyExpired: no commit came in time. The item says whether the old owner
@@ -298,7 +298,7 @@ func (m *Manager) standbyExpired(sb *standby) {
 		m.cfg.Log.Warn("standby without a commit: item unreadable; asking again", "conn", sb.id, "err", err)
 		sb.timer.Reset(m.cfg.RenewInterval)
 	case err == nil && c.LeaseOwner == m.cfg.WorkerID && c.LeaseVersion > sb.version && c.Status == lease.StatusHandedOff:
-		if _, ok := m.promote(ctx, sb, c.LeaseVersion, handoff.Position{Seq: c.LastSeq, Epoch: c.Epoch}); !ok {
+		if _, ok := m.promote(ctx, sb, c.LeaseVersion, peer.Position{Seq: c.LastSeq, Epoch: c.Epoch}); !ok {
 			m.adopt(ctx, sb.id, c.LeaseVersion, c.LastSeq, c.Epoch, "transferred; no commit came")
 		}
 		m.cfg.Metrics.HandoffsAdopted.Add(1)
@@ -309,12 +309,12 @@ func (m *Manager) standbyExpired(sb *standby) {
 }
 
 // abortStandby drops the standby the old owner gave up.
-func (m *Manager) abortStandby(r handoff.Request) handoff.Response {
+func (m *Manager) abortStandby(r peer.Request) peer.Response {
 	m.mu.Lock()
 	sb := m.ho.standby[r.Conn]
 	m.mu.Unlock()
 	if sb == nil {
-		return answer(handoff.Aborted, "no standby")
+		return answer(peer.Aborted, "no standby")
 	}
 	sb.mu.Lock()
 	defer sb.mu.Unlock()
@@ -322,7 +322,7 @@ func (m *Manager) abortStandby(r handoff.Request) handoff.Response {
 		return refused("standing by for %s at %d", sb.from, sb.version)
 	}
 	m.dropStandby(sb, "aborted by "+r.From)
-	return answer(handoff.Aborted, "")
+	return answer(peer.Aborted, "")
 }
 
 // dropStandbys gives up every standby (a draining worker takes nothing over).
@@ -353,14 +353,14 @@ func (m *Manager) adoptNamed(ctx context.Context, id string) (wakeup.Result, str
 	m.mu.Unlock()
 	if sb != nil {
 		sb.mu.Lock()
-		res, ok := m.promote(ctx, sb, c.LeaseVersion, handoff.Position{Seq: c.LastSeq, Epoch: c.Epoch})
+		res, ok := m.promote(ctx, sb, c.LeaseVersion, peer.Position{Seq: c.LastSeq, Epoch: c.Epoch})
 		sb.mu.Unlock()
-		if ok && res.Result == handoff.Committed {
+		if ok && res.Result == peer.Committed {
 			return wakeup.AlreadyOwned, "took over the standby of a handoff whose commit never came", true
 		}
 	}
 	res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "named in the table after a handoff; no commit came")
-	if res.Result == handoff.Committed {
+	if res.Result == peer.Committed {
 		return wakeup.AlreadyOwned, res.Detail, true
 	}
 	return wakeup.Failed, res.Detail, true
