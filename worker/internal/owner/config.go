@@ -124,10 +124,9 @@ func New(cfg Config) (*Manager, error) {
 		started:   time.Now(),
 	}
 	m.base, m.cancelBase = context.WithCancelCause(context.Background())
-	var sm *streamMode
 	if cfg.Member != nil {
-		var err error
-		if sm, err = newStreamMode(m, cfg.Member); err != nil {
+		sm, err := newStreamMode(m, cfg.Member)
+		if err != nil {
 			return nil, err
 		}
 		m.rg = sm
@@ -135,10 +134,12 @@ func New(cfg Config) (*Manager, error) {
 		m.rg = newPollingMode(m)
 	}
 	if cfg.Handoff != nil {
-		if sm == nil {
+		// A handoff transfers a lease whose expiry is the membership's
+		// (schema.LeaseHeldByMember): polling mode keeps release-then-acquire.
+		if cfg.Member == nil {
 			return nil, errors.New("owner config: planned handoffs need stream mode (membership)")
 		}
-		ho, err := newHandoffs(cfg.Handoff, sm.sess)
+		ho, err := newHandoffs(cfg.Handoff)
 		if err != nil {
 			return nil, err
 		}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
-	"github.com/sockfleet/sockfleet/worker/internal/member"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
@@ -93,9 +92,8 @@ type HandoffStore interface {
 
 type handoffs struct {
 	cfg  HandoffConfig
-	sess *member.Session // the membership every handoff needs: stream mode only
-	sem  chan struct{}   // handoffs of wakeups in flight
-	cuts chan struct{}   // cut-overs in flight (HandoffConfig.CutConcurrency)
+	sem  chan struct{} // handoffs of wakeups in flight
+	cuts chan struct{} // cut-overs in flight (HandoffConfig.CutConcurrency)
 	// Under Manager.mu:
 	standby map[string]*standby
 	ended   map[string]int64 // the highest version of each connection whose session ended here
@@ -112,7 +110,7 @@ type standby struct {
 	timer   *time.Timer
 }
 
-func newHandoffs(c *HandoffConfig, sess *member.Session) (*handoffs, error) {
+func newHandoffs(c *HandoffConfig) (*handoffs, error) {
 	if c.Peer == nil || c.Store == nil || c.Workers == nil || c.NewStandby == nil || c.Resumable == nil {
 		return nil, errors.New("owner config: handoffs need a peer, a store, the registry, a standby factory and a resume check")
 	}
@@ -137,7 +135,7 @@ func newHandoffs(c *HandoffConfig, sess *member.Session) (*handoffs, error) {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	return &handoffs{cfg: *c, sess: sess, sem: make(chan struct{}, c.Concurrency), cuts: make(chan struct{}, c.CutConcurrency),
+	return &handoffs{cfg: *c, sem: make(chan struct{}, c.Concurrency), cuts: make(chan struct{}, c.CutConcurrency),
 		standby: map[string]*standby{}, ended: map[string]int64{}}, nil
 }
 

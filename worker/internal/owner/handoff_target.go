@@ -32,7 +32,7 @@ func (m *Manager) prepare(ctx context.Context, r peer.Request) peer.Response {
 	case m.loadLocked() >= m.cfg.MaxConnections:
 		m.mu.Unlock()
 		return refused("no capacity")
-	case !m.ho.sess.Valid():
+	case !m.rg.valid(nil):
 		m.mu.Unlock()
 		return refused("membership lease not renewed in time")
 	}
@@ -197,7 +197,7 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 	if sb.timer != nil {
 		sb.timer.Stop()
 	}
-	usable := !m.draining && o.ctx.Err() == nil && m.ho.sess.Valid() && m.ho.ended[sb.id] < version
+	usable := !m.draining && o.ctx.Err() == nil && m.rg.valid(nil) && m.ho.ended[sb.id] < version
 	if usable {
 		usable = sb.gate.Open(cut) == nil
 	}
@@ -241,7 +241,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 		return refused("version %d already ended here", version)
 	}
 	m.acquiring[id] = true
-	runnable := !m.draining && m.ho.sess.Valid()
+	runnable := !m.draining && m.rg.valid(nil)
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
@@ -262,7 +262,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	}
 	l.WSURL, l.Spec = c.WSURL, c.Spec
 	m.mu.Lock()
-	if m.draining || !m.ho.sess.Valid() {
+	if m.draining || !m.rg.valid(nil) {
 		m.mu.Unlock()
 		p.Status, p.Error = "released", "handed over to a worker that is draining or fenced"
 		m.release(l, p)

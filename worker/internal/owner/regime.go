@@ -107,7 +107,7 @@ func (m *Manager) drain() error {
 	rctx, rcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
 	m.rg.advertise(rctx) // draining = true, at once rather than at the next tick
 	rcancel()
-	if m.ho != nil && m.ho.sess.Err() == nil {
+	if m.ho != nil && m.joined.Load() { // not expelled
 		m.dropStandbys()
 		// Hand off first, make-before-break, leaving time for the releases of what
 		// could not be handed off.
