@@ -10,12 +10,13 @@
 // mode (the seed's design; polling.go) its checkpoint of a connection is the renew of
 // that connection's lease, every interval, carrying the acknowledged last_seq.
 //
-// Files: table.go the table of owned connections; regime.go the regime interface and
-// Run (the loop and the drain); acquire.go acquisitions and wakeups; session.go one
-// connection's session, its fence and its release; checkpoint.go the owner's
-// checkpoint write and what it says; polling.go and streammode.go the two regimes;
-// startup.go the start-up pass; handoff.go, handoff_source.go and handoff_target.go
-// the two sides of a planned handoff.
+// Files: config.go the configuration and its timing rules; table.go the table of
+// owned connections; regime.go the regime interface and Run (the loop and the
+// drain); acquire.go acquisitions and wakeups; session.go one connection's session,
+// its fence and its release; checkpoint.go the owner's checkpoint write and what it
+// says; polling.go and streammode.go the two regimes; startup.go the start-up pass;
+// handoff.go, handoff_source.go and handoff_target.go the two sides of a planned
+// handoff.
 //
 // Guarantees:
 //   - A connection streams only under a lease this worker acquired, and stops at once
