@@ -22,9 +22,9 @@ import (
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/worker/internal/config"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/owner"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/secrets"
 	"github.com/sockfleet/sockfleet/worker/internal/server"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
@@ -272,14 +272,14 @@ func newIncarnation() string {
 // front of the worker's sink.
 func handoffConfig(cfg config.Config, sc *wstream.Config, snk sink.Sink, store *lease.Store, reg *registry.Registry) *owner.HandoffConfig {
 	return &owner.HandoffConfig{
-		Peer:  &handoff.Client{Secret: cfg.WakeupSecret, Timeout: cfg.HandoffPrepareTimeout + 2*time.Second},
+		Peer:  &peer.Client{Secret: cfg.WakeupSecret, Timeout: cfg.HandoffPrepareTimeout + 2*time.Second},
 		Store: store,
 		Workers: func(ctx context.Context) ([]codec.Worker, error) {
 			ws, _, err := reg.List(ctx)
 			return ws, err
 		},
-		NewStandby: func(l lease.Lease, valid func() bool, overflow func(error)) (owner.Stream, *handoff.Gate) {
-			g := &handoff.Gate{Sink: snk, MaxMessages: cfg.StandbyMaxMessages, MaxBytes: cfg.StandbyMaxBytes,
+		NewStandby: func(l lease.Lease, valid func() bool, overflow func(error)) (owner.Stream, *peer.Gate) {
+			g := &peer.Gate{Sink: snk, MaxMessages: cfg.StandbyMaxMessages, MaxBytes: cfg.StandbyMaxBytes,
 				Timeout: sc.SinkTimeout, Valid: valid, OnOverflow: overflow}
 			c := *sc
 			c.Sink = g

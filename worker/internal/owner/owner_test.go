@@ -431,7 +431,7 @@ func TestConfigTimingRule(t *testing.T) {
 // causes) queued messages may still be delivered until the fence deadline; after a
 // lost lease or a self-fence nothing may.
 func TestStillOursAfterGracefulCancel(t *testing.T) {
-	m := &Manager{fence: time.Minute, started: time.Now()}
+	m := newRig(t, 1).m
 	for cause, want := range map[error]bool{nil: true, errStopped: true, errDraining: true, errInvalid: true,
 		errLost: false, errDeleted: false, errFenced: false} {
 		ctx, cancel := context.WithCancelCause(context.Background())
@@ -442,7 +442,7 @@ func TestStillOursAfterGracefulCancel(t *testing.T) {
 		if got := m.beforeFence(o); got != want {
 			t.Errorf("cause %v: still ours %v, want %v", cause, got, want)
 		}
-		o.renewedAt.Store(int64(-2 * time.Minute)) // past the fence deadline
+		o.writtenAt.Store(int64(-2 * time.Minute)) // past the fence deadline
 		if m.beforeFence(o) {
 			t.Errorf("cause %v: still ours past the fence deadline", cause)
 		}

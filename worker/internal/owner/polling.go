@@ -1,15 +1,20 @@
 package owner
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
@@ -22,6 +27,10 @@ import (
 // Acquisitions still go through the lease store's conditional writes, so safety is
 // the same as in stream mode; what polling costs is time (failover waits for lease
 // expiry plus a poll), reads, index writes, and lost races between workers.
+//
+// pollingMode is that regime: each connection's lease is its own, renewed (with its
+// checkpoint) every RenewInterval, and fenced by its own timer at the start of its
+// last successful renew plus FenceAfter; the registry item is a plain heartbeat.
 
 // DB is what polling mode reads with.
 type DB interface {
@@ -73,14 +82,148 @@ func ReadDesiredState(ctx context.Context, db DB, table, id string) (schema.Stat
 	return "", nil
 }
 
+// pollingMode is the polling regime (see the top of this file).
+type pollingMode struct {
+	m       *Manager
+	roundAt atomic.Int64 // since Manager.started: when the last round began
+}
+
+func newPollingMode(m *Manager) *pollingMode { return &pollingMode{m: m} }
+
+func (r *pollingMode) join(ctx context.Context) error {
+	r.markRound()
+	r.refreshRegistry(ctx)
+	return nil
+}
+
+// keep renews every interval, and polls for orphans, until ctx ends. Nothing in
+// polling mode is lost for good.
+func (r *pollingMode) keep(ctx context.Context) error {
+	var poll sync.WaitGroup
+	defer poll.Wait()
+	if r.m.cfg.Orphans != nil && r.m.cfg.PollInterval > 0 {
+		poll.Go(func() { r.pollOrphans(ctx) })
+	}
+	t := time.NewTicker(r.m.cfg.RenewInterval)
+	defer t.Stop()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			r.tick(ctx)
+		}
+	}
+	return nil
+}
+
+func (r *pollingMode) lastRound() time.Time {
+	return r.m.started.Add(time.Duration(r.roundAt.Load()))
+}
+
+func (r *pollingMode) markRound() { r.roundAt.Store(int64(time.Since(r.m.started))) }
+
+// valid: a lease about to be acquired (nil) is valid; a held one until the start of
+// its last successful renew (or its acquire) plus the fence.
+func (r *pollingMode) valid(o *owned) bool {
+	return o == nil || r.left(o) > 0
+}
+
+// left is how long o's lease has before its fence deadline.
+func (r *pollingMode) left(o *owned) time.Duration {
+	return time.Duration(o.writtenAt.Load()) + r.m.fence - time.Since(r.m.started)
+}
+
+// fence arms a timer at o's fence deadline. A renew moves the deadline without
+// touching the timer: when it fires early it sets itself for the new deadline.
+func (r *pollingMode) fence(o *owned) func() bool {
+	f := &leaseFence{r: r, o: o}
+	f.t = time.AfterFunc(time.Hour, f.fire)
+	f.t.Reset(r.left(o))
+	return f.t.Stop
+}
+
+type leaseFence struct {
+	r *pollingMode
+	o *owned
+	t *time.Timer
+}
+
+func (f *leaseFence) fire() {
+	if left := f.r.left(f.o); left > 0 {
+		f.t.Reset(left) // renewed since the timer was set
+		return
+	}
+	f.r.m.fenced(f.o)
+}
+
+func (r *pollingMode) checkpoint(ctx context.Context, o *owned, p lease.Progress) (codec.Connection, error) {
+	return r.m.cfg.Store.Renew(ctx, o.lease, p)
+}
+
+func (r *pollingMode) release(ctx context.Context, l lease.Lease, p lease.Progress) error {
+	return r.m.cfg.Store.Release(ctx, l, p)
+}
+
+func (r *pollingMode) advertise(ctx context.Context) { r.putRegistry(ctx, r.m.Draining()) }
+
+func (r *pollingMode) leave(ctx context.Context, err error) error {
+	if derr := r.m.cfg.Registry.Delete(ctx, r.m.cfg.WorkerID); derr != nil {
+		r.m.cfg.Metrics.RegistryErrors.Add(1)
+		err = errors.Join(err, derr)
+	}
+	return err
+}
+
+// tick is one renew round plus the registry refresh and the owned-count metric.
+func (r *pollingMode) tick(ctx context.Context) {
+	r.markRound()
+	if r.m.cfg.DesiredState != nil {
+		r.readDesiredStates(ctx)
+	}
+	r.renewAll(ctx)
+	r.refreshRegistry(ctx)
+	r.m.cfg.EMF.Put(schema.MetricOwned, r.m.cfg.Metrics.Owned.Load())
+}
+
+// renewAll renews every owned lease (its checkpoint), RenewConcurrency at a time. A
+// lease whose previous renew is still in flight is skipped this round.
+func (r *pollingMode) renewAll(ctx context.Context) {
+	m := r.m
+	list := m.snapshot()
+	// Oldest first: when the table is slow and a round outlasts the interval, the
+	// leases nearest their fence deadline go first.
+	slices.SortFunc(list, func(a, b *owned) int { return cmp.Compare(a.writtenAt.Load(), b.writtenAt.Load()) })
+	sem := make(chan struct{}, m.cfg.RenewConcurrency)
+	var wg sync.WaitGroup
+	for _, o := range list {
+		if !o.writeMu.TryLock() {
+			continue
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			o.writeMu.Unlock()
+			wg.Wait()
+			return
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			defer o.writeMu.Unlock()
+			m.checkpoint(ctx, o)
+		})
+	}
+	wg.Wait()
+}
+
 // pollOrphans runs until ctx ends: sleep PollInterval ±50 %, list orphans, try each.
-func (m *Manager) pollOrphans(ctx context.Context) {
-	r := m.cfg.Rand
-	if r == nil {
-		r = rand.Float64
+func (r *pollingMode) pollOrphans(ctx context.Context) {
+	m := r.m
+	rnd := m.cfg.Rand
+	if rnd == nil {
+		rnd = rand.Float64
 	}
 	for {
-		d := time.Duration(float64(m.cfg.PollInterval) * (0.5 + r()))
+		d := time.Duration(float64(m.cfg.PollInterval) * (0.5 + rnd()))
 		select {
 		case <-ctx.Done():
 			return
@@ -105,16 +248,11 @@ func (m *Manager) pollOrphans(ctx context.Context) {
 
 // readDesiredStates reads every owned connection's desired_state, as the seed does,
 // and re-checks (renews and acts on) the ones no longer STARTED.
-func (m *Manager) readDesiredStates(ctx context.Context) {
-	m.mu.Lock()
-	list := make([]*owned, 0, len(m.conns))
-	for _, o := range m.conns {
-		list = append(list, o)
-	}
-	m.mu.Unlock()
+func (r *pollingMode) readDesiredStates(ctx context.Context) {
+	m := r.m
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, m.cfg.RenewConcurrency)
-	for _, o := range list {
+	for _, o := range m.snapshot() {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
@@ -125,4 +263,22 @@ func (m *Manager) readDesiredStates(ctx context.Context) {
 		})
 	}
 	wg.Wait()
+}
+
+func (r *pollingMode) refreshRegistry(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, r.m.cfg.RenewInterval)
+	defer cancel()
+	r.putRegistry(rctx, r.m.Draining())
+}
+
+func (r *pollingMode) putRegistry(ctx context.Context, draining bool) {
+	m := r.m
+	w := codec.Worker{
+		ID: m.cfg.WorkerID, Addr: m.cfg.Addr, Capacity: m.cfg.MaxConnections, Load: m.Load(),
+		Draining: draining, HeartbeatExpiresAtMs: time.Now().Add(m.cfg.Lease).UnixMilli(),
+	}
+	if err := m.cfg.Registry.Put(ctx, w); err != nil {
+		m.cfg.Metrics.RegistryErrors.Add(1)
+		m.cfg.Log.Warn("registry refresh failed", "err", err)
+	}
 }

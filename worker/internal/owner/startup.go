@@ -26,8 +26,13 @@ type Scanner interface {
 //
 // It is a paginated Scan with a filter, which reads the whole table: acceptable
 // because it runs once per worker start, never periodically (events drive everything
-// after that), and no index keyed on lease expiry exists to query instead — such an
-// index would cost two extra writes per heartbeat (see DESIGN.md).
+// after that). No index keyed on lease expiry exists to query instead: in polling
+// mode every renew moves lease_expires_at_ms, so such an index would be written on
+// every heartbeat of every connection (the seed's index, schema.PollingIndex, is
+// created only for polling fleets, which pay that); in stream mode a held lease's
+// expiry is the membership constant, so an expiry index could not tell a dead
+// member's leases from a live one's anyway (docs/MEMBERSHIP.md, "Dead-member
+// detection", is how those are found).
 func ScanCandidates(ctx context.Context, db Scanner, table string, now time.Time, margin time.Duration, limit int) ([]string, error) {
 	var ids []string
 	var start map[string]types.AttributeValue

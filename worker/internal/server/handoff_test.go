@@ -11,19 +11,19 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/wakeup"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 )
 
 type fakeHandoffs struct {
 	mu    sync.Mutex
-	calls []handoff.Request
+	calls []peer.Request
 }
 
-func (f *fakeHandoffs) Handoff(_ context.Context, r handoff.Request) handoff.Response {
+func (f *fakeHandoffs) Handoff(_ context.Context, r peer.Request) peer.Response {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, r)
-	return handoff.Response{V: 1, Result: handoff.Ready}
+	return peer.Response{V: 1, Result: peer.Ready}
 }
 
 func postTo(h http.Handler, path string, body []byte, ts, sig string) *httptest.ResponseRecorder {
@@ -49,11 +49,11 @@ func TestHandoffEndpoint(t *testing.T) {
 	ts := wakeup.Timestamp(now)
 	body := []byte(goodHandoff)
 	sig := wakeup.Sign(secret, ts, body)
-	if rec := postTo(h, handoff.Path, body, ts, sig); rec.Code != 200 {
+	if rec := postTo(h, peer.Path, body, ts, sig); rec.Code != 200 {
 		t.Fatalf("good call: %d %s", rec.Code, rec.Body)
 	} else {
-		var resp handoff.Response
-		if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || resp.Result != handoff.Ready {
+		var resp peer.Response
+		if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || resp.Result != peer.Ready {
 			t.Fatalf("reply %s: %v", rec.Body, err)
 		}
 	}
@@ -71,9 +71,9 @@ func TestHandoffEndpoint(t *testing.T) {
 		{"wrong secret", body, ts, wakeup.Sign([]byte("another-secret-0123456"), ts, body), 401},
 		{"stale", body, old, wakeup.Sign(secret, old, body), 401},
 		{"malformed", bad, bts, wakeup.Sign(secret, bts, bad), 400},
-		{"too large", []byte(strings.Repeat(" ", handoff.MaxBody+1)), ts, "v1=00", 413},
+		{"too large", []byte(strings.Repeat(" ", peer.MaxBody+1)), ts, "v1=00", 413},
 	} {
-		if rec := postTo(h, handoff.Path, tc.body, tc.ts, tc.sig); rec.Code != tc.code {
+		if rec := postTo(h, peer.Path, tc.body, tc.ts, tc.sig); rec.Code != tc.code {
 			t.Errorf("%s: %d, want %d (%s)", tc.name, rec.Code, tc.code, rec.Body)
 		}
 	}
@@ -82,7 +82,7 @@ func TestHandoffEndpoint(t *testing.T) {
 	}
 	// Without handoffs the path is not served.
 	h2 := (&Server{Secret: secret, Owner: o}).Handler()
-	if rec := postTo(h2, handoff.Path, body, bts, wakeup.Sign(secret, bts, body)); rec.Code != 404 {
+	if rec := postTo(h2, peer.Path, body, bts, wakeup.Sign(secret, bts, body)); rec.Code != 404 {
 		t.Fatalf("handoff path without handoffs: %d", rec.Code)
 	}
 }

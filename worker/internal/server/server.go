@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/wakeup"
-	"github.com/sockfleet/sockfleet/worker/internal/handoff"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
+	"github.com/sockfleet/sockfleet/worker/internal/peer"
 )
 
 // Owner is what the listener needs from the ownership loop.
@@ -36,7 +36,7 @@ type Owner interface {
 
 // Handoffs is what the listener needs to answer another worker's handoff calls.
 type Handoffs interface {
-	Handoff(ctx context.Context, r handoff.Request) handoff.Response
+	Handoff(ctx context.Context, r peer.Request) peer.Response
 }
 
 // Server serves the worker's endpoints.
@@ -67,7 +67,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST "+wakeup.Path, s.wakeup)
 	if s.Handoffs != nil {
-		mux.HandleFunc("POST "+handoff.Path, s.handoff)
+		mux.HandleFunc("POST "+peer.Path, s.handoff)
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
@@ -136,11 +136,11 @@ func (s *Server) authentic(w http.ResponseWriter, r *http.Request, limit int64) 
 }
 
 func (s *Server) handoff(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.authentic(w, r, handoff.MaxBody)
+	body, ok := s.authentic(w, r, peer.MaxBody)
 	if !ok {
 		return
 	}
-	req, err := handoff.DecodeRequest(body)
+	req, err := peer.DecodeRequest(body)
 	if err != nil {
 		s.refuse(w, http.StatusBadRequest, err.Error(), err)
 		return

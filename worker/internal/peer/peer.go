@@ -1,14 +1,18 @@
-// Package handoff is the worker-to-worker protocol of a planned handoff
-// (docs/HANDOFF.md): POST /v1/handoff, a versioned JSON body signed exactly as a
-// wakeup (HMAC-SHA256 over "<timestamp>.<body>" with the shared wakeup secret,
-// a ±wakeup.Window timestamp window, each signature accepted once), and the gate that
-// holds a standby connection's messages back until the new owner knows its version.
+// Package peer is what passes between two workers in a planned handoff
+// (docs/HANDOFF.md), and nothing of its logic: the wire — POST /v1/handoff, a
+// versioned JSON body signed exactly as a wakeup (HMAC-SHA256 over
+// "<timestamp>.<body>" with the shared wakeup secret, a ±wakeup.Window timestamp
+// window, each signature accepted once), its strict decoder and the Client that sends
+// it — and the Gate that holds a standby connection's messages back until the new
+// owner learns its version from the other worker's commit. Both sides of the protocol
+// (the old owner's and the target's) are ownership changes of the worker's table of
+// owned connections, so they live with it, in worker/internal/owner (handoff*.go).
 //
 // Guarantees: a request is decoded strictly (known version, known fields, known op,
 // valid ids, no negative numbers); a gate delivers nothing before Open, never delivers
 // a message at or below the cut, holds at most its limits (then gives up, saying
 // so), and after Open reports as delivered only what its sink acknowledged.
-package handoff
+package peer
 
 import (
 	"bytes"

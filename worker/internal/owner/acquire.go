@@ -1,0 +1,137 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
+)
+
+// Acquire tries to take connection id and start streaming it.
+func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
+	m.mu.Lock()
+	switch {
+	case m.draining:
+		m.mu.Unlock()
+		return wakeup.Draining, ""
+	case m.conns[id] != nil || m.acquiring[id]:
+		m.mu.Unlock()
+		return wakeup.AlreadyOwned, ""
+	case m.ho != nil && m.ho.standby[id] != nil:
+		m.mu.Unlock()
+		return wakeup.AlreadyOwned, "standing by for a handoff to this worker"
+	case m.loadLocked() >= m.cfg.MaxConnections:
+		m.mu.Unlock()
+		return wakeup.NoCapacity, ""
+	case !m.rg.valid(nil):
+		m.mu.Unlock()
+		return wakeup.Failed, "membership lease not renewed in time"
+	}
+	m.acquiring[id] = true
+	m.mu.Unlock()
+
+	t0 := time.Now()
+	l, err := m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
+
+	m.mu.Lock()
+	delete(m.acquiring, id)
+	if err == nil && m.draining {
+		m.mu.Unlock()
+		m.release(l, lease.Progress{LastSeq: l.LastSeq})
+		return wakeup.Draining, ""
+	}
+	if err == nil && !m.rg.valid(nil) {
+		// The membership fence passed while the acquire was in flight (stream mode):
+		// the fence has already stopped everything else, so give this one back too.
+		m.mu.Unlock()
+		m.release(l, lease.Progress{LastSeq: l.LastSeq, Status: "fenced", Error: errFenced.Error()})
+		return wakeup.Failed, "membership lease not renewed in time"
+	}
+	if err == nil {
+		m.start(l, t0)
+	}
+	m.mu.Unlock()
+	switch {
+	case err == nil:
+		m.cfg.Metrics.Acquisitions.Add(1)
+		m.cfg.Log.Info("acquired", "conn", id, "version", l.Version, "last_seq", l.LastSeq)
+		return wakeup.Acquired, ""
+	case errors.Is(err, lease.ErrHeld):
+		m.cfg.Metrics.LostRaces.Add(1)
+		return wakeup.LostRace, err.Error()
+	case errors.Is(err, lease.ErrNotStarted), errors.Is(err, lease.ErrNotFound), errors.Is(err, lease.ErrInvalid):
+		return wakeup.NotStartable, err.Error()
+	default:
+		m.cfg.Log.Warn("acquire failed", "conn", id, "err", err)
+		return wakeup.Failed, err.Error()
+	}
+}
+
+// Wake answers a wakeup: for each id, acquire it (NeedsOwner) or re-check it (Check).
+// Ids are handled WakeupConcurrency at a time; results keep the request's order.
+func (m *Manager) Wake(ctx context.Context, conns []wakeup.Conn) []wakeup.ConnResult {
+	out := make([]wakeup.ConnResult, len(conns))
+	sem := make(chan struct{}, m.cfg.WakeupConcurrency)
+	// One registry read per wakeup, for all its handoffs.
+	targets := sync.OnceValues(func() ([]codec.Worker, error) { return m.targets(ctx) })
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r, detail := m.wakeOne(ctx, c, targets)
+			out[i] = wakeup.ConnResult{ID: c.ID, Result: r, Detail: detail}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn, targets func() ([]codec.Worker, error)) (wakeup.Result, string) {
+	m.mu.Lock()
+	o, draining := m.conns[c.ID], m.draining
+	m.mu.Unlock()
+	switch {
+	case draining:
+		return wakeup.Draining, ""
+	case c.Reason == wakeup.Handoff:
+		return m.wakeHandoff(ctx, o, c, targets)
+	case o == nil && m.ho != nil && c.Reason == wakeup.Check:
+		// The table may name this worker after a handoff whose commit never came.
+		if r, detail, ok := m.adoptNamed(ctx, c.ID); ok {
+			return r, detail
+		}
+	}
+	switch {
+	case o != nil && c.Reason == wakeup.Check:
+		return m.check(ctx, o)
+	case o != nil:
+		// Someone thinks it needs an owner while we believe we hold it. Memory is not
+		// enough: a console write may have released it at our version, or it may have
+		// been deleted and re-created. Ask the table with a conditional owner write.
+		r, detail := m.check(ctx, o)
+		if r != wakeup.LostRace {
+			return r, detail
+		}
+		// Not ours any more: once our session has stopped, try to take it again.
+		select {
+		case <-o.done:
+		case <-ctx.Done():
+			return wakeup.Failed, "stopping the lost session: " + ctx.Err().Error()
+		}
+		return m.Acquire(ctx, c.ID)
+	case c.Reason == wakeup.Check:
+		return wakeup.LostRace, "not held by this worker"
+	}
+	r, detail := m.Acquire(ctx, c.ID)
+	if r == wakeup.LostRace && m.ho != nil {
+		if r2, d2, ok := m.adoptNamed(ctx, c.ID); ok {
+			return r2, d2
+		}
+	}
+	return r, detail
+}

@@ -1,0 +1,58 @@
+// Package owner is the worker's ownership loop: it acquires connection leases (on a
+// wakeup, or in the one start-up pass), streams each owned connection, keeps the
+// right to stream it, fences itself when it cannot, and drains on shutdown.
+//
+// Two regimes keep that right, each a regime (regime.go) the loop calls without
+// knowing which it has. In stream mode (Config.Member set; streammode.go,
+// worker/internal/member and docs/MEMBERSHIP.md) the worker renews one membership
+// lease, its registry item, and writes each connection only to checkpoint (when
+// something changed, at most once per checkpoint interval) and to release. In polling
+// mode (the seed's design; polling.go) its checkpoint of a connection is the renew of
+// that connection's lease, every interval, carrying the acknowledged last_seq.
+//
+// Files: config.go the configuration and its timing rules; table.go the table of
+// owned connections; regime.go the regime interface and Run (the loop and the
+// drain); acquire.go acquisitions and wakeups; session.go one connection's session,
+// its fence and its release; checkpoint.go the owner's checkpoint write and what it
+// says; polling.go and streammode.go the two regimes; startup.go the start-up pass;
+// handoff.go, handoff_source.go and handoff_target.go the two sides of a planned
+// handoff.
+//
+// Guarantees:
+//   - A connection streams only under a lease this worker acquired, and stops at once
+//     (its context is cancelled) when a renew or checkpoint says the lease is lost or
+//     the item is gone, STOPPED or unusable.
+//   - Self-fencing: past its local deadline — the start of the last successful renew
+//     (the membership's in stream mode, the connection's in polling mode) plus
+//     min(RenewDeadline, Lease − SkewMargin), on the monotonic clock — a connection
+//     stops and no sink write passes the guard, even if the table cannot be reached
+//     at all. The lease in the table runs from a moment after that start, and others
+//     take it over (polling) or release it (the reconciler, stream mode) only
+//     SkewMargin after it expired on their clocks, so a fenced worker has stopped
+//     before anyone else can acquire. SinkWindow bounds the sink writes in flight.
+//   - Stream mode: a membership renew refused as "not a member" (declared dead,
+//     replaced, deleted) stops every connection and makes Run return an error that
+//     wraps ErrExpelled.
+//   - Every stop except "lost" and "deleted" ends with one release write that
+//     carries the final acknowledged last_seq (lease_expires_at_ms = 0); in stream
+//     mode a release the table did not answer is retried after each successful
+//     membership renew.
+//   - A wakeup about a lease this worker holds is answered after a conditional write
+//     that reads the item, never from memory.
+//   - Run joins every goroutine it started, including connection goroutines.
+//   - Planned handoff (stream mode, Config.Handoff; handoff*.go, docs/HANDOFF.md):
+//     the old owner stops delivering (its stream returns, everything read delivered)
+//     before the one conditional write that transfers the lease, and the new owner
+//     delivers only after it learns the new version (the commit, or the item read
+//     with a conditional write), dropping what the old owner delivered. So at most
+//     one worker delivers a connection at a time, and a handoff skips no sequence and
+//     repeats none. Two upstream sockets may be open at once for at most the prepare
+//     timeout plus the cut (the old stream's last flush and close). A handoff that
+//     cannot be prepared ends in the release above, saying why in status_error; a
+//     drain hands off first and releases what is left, within DrainTimeout.
+//
+// Non-guarantees: delivery is at least once. Messages delivered after the last
+// checkpoint are delivered again by the next owner if this worker dies without
+// releasing; that window is one checkpoint interval (stream mode) or one renew
+// interval (polling mode) of traffic.
+package owner
