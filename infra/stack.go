@@ -96,7 +96,7 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 
 	workerSG := awsec2.NewSecurityGroup(stack, jsii.String("WorkerSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              vpc,
-		Description:      jsii.String("sockfleet workers: outbound to upstreams and AWS; inbound only wakeups from the reconciler"),
+		Description:      jsii.String("sockfleet workers: outbound to upstreams and AWS; inbound only the wakeup port, from the reconciler and other workers"),
 		AllowAllOutbound: jsii.Bool(true),
 	})
 	reconcilerSG := awsec2.NewSecurityGroup(stack, jsii.String("ReconcilerSecurityGroup"), &awsec2.SecurityGroupProps{
@@ -105,8 +105,14 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 		AllowAllOutbound: jsii.Bool(false),
 	})
 	wakeupPort := awsec2.Port_Tcp(jsii.Number(schema.DefaultWakeupPort))
-	// The only ingress rule of the workers: the reconciler on the wakeup port.
+	// The workers' only ingress, both on the wakeup port: the reconciler's wakeups,
+	// and the workers' own calls to each other (POST /v1/handoff, the make-before-break
+	// handoff, docs/HANDOFF.md). A security group admits nothing inbound that a rule
+	// does not allow, members of the same group included, so the self-referencing
+	// rule is needed; CDK renders it as a separate AWS::EC2::SecurityGroupIngress
+	// resource, as a group cannot name itself in its own inline rules.
 	reconcilerSG.Connections().AllowTo(workerSG, wakeupPort, jsii.String("wakeup calls"))
+	workerSG.Connections().AllowInternally(wakeupPort, jsii.String("handoff calls between workers"))
 	reconcilerSG.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
 		jsii.String("AWS APIs: DynamoDB (gateway endpoint), Secrets Manager"), jsii.Bool(false))
 

@@ -426,7 +426,8 @@ func TestReconcilerFunction(t *testing.T) {
 func TestNetwork(t *testing.T) {
 	tpl, j := template(t)
 	x := findIDs(t, j)
-	// The workers' only ingress: the reconciler's group, on the wakeup port.
+	// The workers' ingress: the wakeup port, from the reconciler's group (wakeups)
+	// and from the workers' own group (handoff calls between workers), nothing else.
 	if in := path(j, "Resources", x.workerSG, "Properties", "SecurityGroupIngress"); in != nil {
 		t.Errorf("worker security group has inline ingress %v", in)
 	}
@@ -437,22 +438,24 @@ func TestNetwork(t *testing.T) {
 			rules = append(rules, p)
 		}
 	}
-	if len(rules) != 1 {
-		t.Fatalf("worker ingress rules: got %d, want 1: %v", len(rules), rules)
+	wantRule := func(source string) obj {
+		return obj{"IpProtocol": "tcp", "FromPort": schema.DefaultWakeupPort, "ToPort": schema.DefaultWakeupPort,
+			"SourceSecurityGroupId": getAtt(source, "GroupId")}
 	}
-	r := rules[0]
-	wantSame(t, "worker ingress", obj{
-		"IpProtocol": r["IpProtocol"], "FromPort": r["FromPort"], "ToPort": r["ToPort"],
-		"SourceSecurityGroupId": r["SourceSecurityGroupId"],
-	}, obj{
-		"IpProtocol": "tcp", "FromPort": schema.DefaultWakeupPort, "ToPort": schema.DefaultWakeupPort,
-		"SourceSecurityGroupId": getAtt(x.reconcilerSG, "GroupId"),
-	})
-	for _, k := range []string{"CidrIp", "CidrIpv6", "SourcePrefixListId"} {
-		if r[k] != nil {
-			t.Errorf("worker ingress has %s %v", k, r[k])
+	var got []obj
+	for _, r := range rules {
+		got = append(got, obj{"IpProtocol": r["IpProtocol"], "FromPort": r["FromPort"], "ToPort": r["ToPort"],
+			"SourceSecurityGroupId": r["SourceSecurityGroupId"]})
+		for _, k := range []string{"CidrIp", "CidrIpv6", "SourcePrefixListId"} {
+			if r[k] != nil {
+				t.Errorf("worker ingress has %s %v", k, r[k])
+			}
 		}
 	}
+	slices.SortFunc(got, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	want := []obj{wantRule(x.reconcilerSG), wantRule(x.workerSG)}
+	slices.SortFunc(want, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	wantSame(t, "worker ingress rules (reconciler wakeups, worker-to-worker handoffs)", got, want)
 	// The reconciler may only reach the workers' wakeup port and HTTPS.
 	check(t, "reconciler egress to workers", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::EC2::SecurityGroupEgress"), &map[string]any{
