@@ -416,6 +416,14 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 	// BatchGetItem is the backstop read of its own connections.
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
 		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
+	// The start-up pass (owner.ScanCandidates) scans the base table once per worker
+	// start for STARTED connections without a live owner. Scan on the table's ARN
+	// only: an index is a resource of its own (TABLE/index/NAME), and no index is
+	// scanned. A statement rather than table.Grant, which would add the indexes.
+	task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("dynamodb:Scan"),
+		Resources: jsii.Strings(*p.table.TableArn()),
+	}))
 	// Connection specs' {{secret:NAME}} references: read, and only under the prefix
 	// the operator chose (docs/CONNECTIONS.md).
 	if cfg.SecretsPrefix != "" {

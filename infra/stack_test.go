@@ -555,8 +555,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 	}
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
-		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
-		"secretsmanager:GetSecretValue",
+		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
+		"dynamodb:UpdateItem", "secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
@@ -582,6 +582,10 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			switch {
 			case slices.Contains(s.actions, "dynamodb:GetItem"):
 				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
+			case slices.Contains(s.actions, "dynamodb:Scan") && role == x.taskRole:
+				// The start-up pass scans the base table, never an index.
+				wantSame(t, role+" Scan actions", s.actions, []string{"dynamodb:Scan"})
+				wantSame(t, role+" Scan resource", s.resource, getAtt(x.table, "Arn"))
 			case slices.Contains(s.actions, "dynamodb:GetRecords"):
 				wantSame(t, role+" stream resources", s.resource, getAtt(x.table, "StreamArn"))
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue") && role == x.taskRole:
