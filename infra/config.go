@@ -43,7 +43,7 @@ const skewMargin = 2 * time.Second
 // DefaultConfig.
 type Config struct {
 	MaxConnectionsPerTask int // a worker's capacity, SOCKFLEET_MAX_CONNECTIONS
-	DesiredCount          int // workers at deploy time, and the autoscaling floor
+	DesiredCount          int // the autoscaling floor (MinCapacity); the service itself sets no count
 	MaxCount              int // autoscaling ceiling
 	LeaseSeconds          int // lease duration
 	RenewSeconds          int // renew interval

@@ -501,7 +501,13 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		Cluster:        p.cluster,
 		TaskDefinition: task,
 		ServiceName:    jsii.String(p.serviceName),
-		DesiredCount:   jsii.Number(float64(cfg.DesiredCount)),
+		// No DesiredCount: autoscaling owns the count. CloudFormation writes a
+		// template's DesiredCount on every update of the service, so a fixed one would
+		// reset a scaled-out fleet to it on each deploy. Without it, CloudFormation
+		// creates the service with one task and leaves the count alone on updates;
+		// registering the scalable target below (MinCapacity = desiredCount) then
+		// raises an active service into its [min, max] range at once
+		// (Application Auto Scaling, RegisterScalableTarget).
 		// Deploys start new tasks before stopping old ones, so capacity never dips
 		// while the old tasks drain and hand their connections over.
 		MinHealthyPercent: jsii.Number(100),
