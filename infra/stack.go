@@ -110,9 +110,10 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 	// handoff, docs/HANDOFF.md). A security group admits nothing inbound that a rule
 	// does not allow, members of the same group included, so the self-referencing
 	// rule is needed; CDK renders it as a separate AWS::EC2::SecurityGroupIngress
-	// resource, as a group cannot name itself in its own inline rules.
+	// resource, as a group cannot name itself in its own inline rules. (Ingress only:
+	// the group already allows all outbound.)
 	reconcilerSG.Connections().AllowTo(workerSG, wakeupPort, jsii.String("wakeup calls"))
-	workerSG.Connections().AllowInternally(wakeupPort, jsii.String("handoff calls between workers"))
+	workerSG.AddIngressRule(workerSG, wakeupPort, jsii.String("handoff calls between workers"), jsii.Bool(false))
 	reconcilerSG.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
 		jsii.String("AWS APIs: DynamoDB (gateway endpoint), Secrets Manager"), jsii.Bool(false))
 
