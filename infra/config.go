@@ -30,8 +30,13 @@ const (
 	ctxLegacyIndex = "keepLegacyRegistryIndex"
 )
 
-// KinesisCreate as the kinesisStream knob creates a stream in the stack.
-const KinesisCreate = "create"
+// Values of the kinesisStream knob besides a stream ARN: KinesisCreate (the default)
+// creates a stream in the stack; KinesisStdout (or "") has the workers write to
+// their stdout, which the awslogs driver ships to CloudWatch Logs.
+const (
+	KinesisCreate = "create"
+	KinesisStdout = "stdout"
+)
 
 // skewMargin is the clock-skew allowance shared by the worker (it self-fences this
 // much before its lease ends in anyone's view, twice over) and the sweep (it only
@@ -49,8 +54,9 @@ type Config struct {
 	RenewSeconds          int // renew interval
 	VpcID                 string
 	RetentionDays         int // CloudWatch Logs retention of the worker and reconciler logs
-	// KinesisStream is where workers deliver: "" their stdout (CloudWatch Logs),
-	// KinesisCreate a new on-demand stream in the stack, or an existing stream's ARN.
+	// KinesisStream is where workers deliver: KinesisCreate (the default) a new
+	// on-demand stream in the stack, an existing stream's ARN, or KinesisStdout ("" too)
+	// their stdout (CloudWatch Logs).
 	KinesisStream string
 	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
 	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
@@ -76,6 +82,7 @@ func DefaultConfig() Config {
 		LeaseSeconds:          11,
 		RenewSeconds:          3,
 		RetentionDays:         30,
+		KinesisStream:         KinesisCreate,
 		SecretsPrefix:         "sockfleet/connections/",
 	}
 }
@@ -85,6 +92,12 @@ func DefaultConfig() Config {
 // expire in anyone else's view.
 func (c Config) RenewDeadline() time.Duration {
 	return time.Duration(c.LeaseSeconds)*time.Second - 2*skewMargin
+}
+
+// SinkIsStdout reports whether the workers deliver to their stdout rather than to
+// a Kinesis stream.
+func (c Config) SinkIsStdout() bool {
+	return c.KinesisStream == "" || c.KinesisStream == KinesisStdout
 }
 
 // ConnectionsTarget is the autoscaling target for connections per task: 60 % of
@@ -128,9 +141,9 @@ func (c Config) Validate() error {
 	if c.VpcID != "" && !vpcIDPattern.MatchString(c.VpcID) {
 		bad(ctxVpcID, "%q is not a VPC id (vpc-…)", c.VpcID)
 	}
-	if c.KinesisStream != "" && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
-		bad(ctxKinesisStream, "%q: want empty (stdout), %q (a new stream) or a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)",
-			c.KinesisStream, KinesisCreate)
+	if !c.SinkIsStdout() && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
+		bad(ctxKinesisStream, "%q: want %q (a new stream), a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME) or %q (or empty)",
+			c.KinesisStream, KinesisCreate, KinesisStdout)
 	}
 	if !secretsPrefixPattern.MatchString(c.SecretsPrefix) {
 		bad(ctxSecretsPrefix, "%q: want up to 256 of the characters a secret name may hold (A-Z a-z 0-9 / _ + = . @ -)", c.SecretsPrefix)

@@ -378,14 +378,15 @@ type workerProps struct {
 	sinkRef     *string            // the stream as SOCKFLEET_SINK names it
 }
 
-// newSinkStream is the Kinesis stream the workers deliver to, if the kinesisStream
-// knob asks for one: created here (on demand, so no shard count to size; encrypted
-// with the AWS-managed key, which needs no KMS grant), or an existing one by ARN.
+// newSinkStream is the Kinesis stream the workers deliver to, unless the
+// kinesisStream knob chose stdout: created here (the default; on demand, so no shard
+// count to size; encrypted with the AWS-managed key, which needs no KMS grant), or
+// an existing one by ARN.
 func newSinkStream(stack awscdk.Stack, cfg Config) (awskinesis.IStream, *string) {
-	switch cfg.KinesisStream {
-	case "":
+	switch {
+	case cfg.SinkIsStdout():
 		return nil, nil
-	case KinesisCreate:
+	case cfg.KinesisStream == KinesisCreate:
 		s := awskinesis.NewStream(stack, jsii.String("Messages"), &awskinesis.StreamProps{
 			StreamMode:      awskinesis.StreamMode_ON_DEMAND,
 			Encryption:      awskinesis.StreamEncryption_MANAGED,
@@ -488,14 +489,7 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 			StartPeriod: awscdk.Duration_Seconds(jsii.Number(30)),
 		},
 		StopTimeout: awscdk.Duration_Seconds(jsii.Number(stopTimeoutSeconds)),
-		Logging: awsecs.LogDriver_AwsLogs(&awsecs.AwsLogDriverProps{
-			LogGroup:     logs,
-			StreamPrefix: jsii.String("worker"),
-			// A slow log pipeline must never block the process writing logs: a
-			// blocked stdout would stall renewals and force self-fencing.
-			Mode:          awsecs.AwsLogDriverMode_NON_BLOCKING,
-			MaxBufferSize: awscdk.Size_Mebibytes(jsii.Number(25)),
-		}),
+		Logging:     workerLogDriver(logs, p.sink == nil),
 	})
 
 	service := awsecs.NewFargateService(stack, jsii.String("WorkerService"), &awsecs.FargateServiceProps{
@@ -544,6 +538,34 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		ScaleInCooldown:  scaleIn,
 	})
 	return service
+}
+
+// workerLogDriver ships the worker container's stdout and stderr to logs.
+//
+// With a Kinesis sink the pipe carries diagnostics only, and a slow log pipeline must
+// never block the process writing them: the driver runs non-blocking with a 25 MiB
+// buffer, and drops lines when it is full.
+//
+// With the stdout sink the pipe carries the messages themselves, and the worker counts
+// a batch delivered (and may checkpoint past it) once its write returns. A
+// non-blocking driver would accept a write and then drop it from a full buffer, a
+// silent loss. So the driver runs in blocking mode (the awslogs default): a full
+// pipeline blocks the write, the worker's sink write timeout (SOCKFLEET_SINK_TIMEOUT)
+// abandons it, the batch counts as failed and is retried (docs/SINKS.md). The cost
+// is that log lines on stderr wait too while the pipeline is stalled. Even so the
+// driver, not CloudWatch, acknowledges a line; the Kinesis sink acknowledges a record
+// only once the stream stored it, and is why it is the default.
+func workerLogDriver(logs awslogs.ILogGroup, stdoutSink bool) awsecs.LogDriver {
+	props := &awsecs.AwsLogDriverProps{
+		LogGroup:      logs,
+		StreamPrefix:  jsii.String("worker"),
+		Mode:          awsecs.AwsLogDriverMode_NON_BLOCKING,
+		MaxBufferSize: awscdk.Size_Mebibytes(jsii.Number(25)),
+	}
+	if stdoutSink {
+		props.Mode, props.MaxBufferSize = awsecs.AwsLogDriverMode_BLOCKING, nil
+	}
+	return awsecs.LogDriver_AwsLogs(props)
 }
 
 // reconcilerMetric is one of the reconciler's own metrics. It emits them without

@@ -184,6 +184,13 @@ func only(t *testing.T, tpl obj, typ string, keep func(props obj) bool) (string,
 	return ids[0], found
 }
 
+// onlyID returns the logical id of the one resource of type typ.
+func onlyID(t *testing.T, tpl obj, typ string) string {
+	t.Helper()
+	id, _ := only(t, tpl, typ, nil)
+	return id
+}
+
 // path walks nested objects and arrays: path(x, "A", 0, "B").
 func path(v any, keys ...any) any {
 	for _, k := range keys {
@@ -556,7 +563,7 @@ func TestIAMLeastPrivilege(t *testing.T) {
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
-		"dynamodb:UpdateItem", "secretsmanager:GetSecretValue",
+		"dynamodb:UpdateItem", "kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords", "secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
@@ -595,6 +602,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				}
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue"):
 				wantSame(t, role+" secret resource", s.resource, ref(x.secret))
+			case slices.Contains(s.actions, "kinesis:PutRecords") && role == x.taskRole:
+				// The default sink's stream: TestKinesisSinkCreated checks the resource.
 			case slices.Contains(s.actions, "sns:Publish"):
 				wantSame(t, role+" topic resource", s.resource, ref(x.failureTopic))
 			default:
@@ -672,6 +681,8 @@ func TestWorkerTask(t *testing.T) {
 		schema.EnvSkewMargin:     "2s",
 		schema.EnvDrainTimeout:   "60s",
 		schema.EnvServiceName:    stackName + "-worker",
+		// The default sink: the stream the stack creates.
+		schema.EnvSink: obj{"Fn::Join": []any{"", []any{"kinesis:", ref(onlyID(t, j, "AWS::Kinesis::Stream"))}}},
 	})
 	if _, ok := env[schema.EnvWakeupSecret]; ok {
 		t.Errorf("the wakeup secret is a plain environment variable")
@@ -835,10 +846,22 @@ func kinesisStatements(j obj) map[string][]statement {
 
 var kinesisWrite = []string{"kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords"}
 
-// By default (cdk.json) there is no stream: workers write to stdout, no role may
-// touch Kinesis.
+// workerLogOptions returns the worker container's awslogs options.
+func workerLogOptions(t *testing.T, j obj) obj {
+	t.Helper()
+	_, task := only(t, j, "AWS::ECS::TaskDefinition", nil)
+	if d := path(task, "ContainerDefinitions", 0, "LogConfiguration", "LogDriver"); d != "awslogs" {
+		t.Fatalf("worker log driver %v, want awslogs", d)
+	}
+	opts, _ := path(task, "ContainerDefinitions", 0, "LogConfiguration", "Options").(obj)
+	return opts
+}
+
+// kinesisStream=stdout: no stream, workers write to stdout, no role may touch
+// Kinesis, and the log driver blocks rather than drop lines the worker counted as
+// delivered.
 func TestKinesisSinkOff(t *testing.T) {
-	tpl, j := template(t)
+	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: "stdout"})
 	check(t, "no stream", func() { tpl.ResourceCountIs(jsii.String("AWS::Kinesis::Stream"), jsii.Number(0)) })
 	if v, ok := workerEnv(t, j)[schema.EnvSink]; ok {
 		t.Errorf("%s set to %v without a stream", schema.EnvSink, v)
@@ -846,12 +869,18 @@ func TestKinesisSinkOff(t *testing.T) {
 	if k := kinesisStatements(j); len(k) != 0 {
 		t.Errorf("Kinesis grants without a stream: %v", k)
 	}
+	opts := workerLogOptions(t, j)
+	wantSame(t, "log delivery mode with the stdout sink", opts["mode"], "blocking")
+	if v, ok := opts["max-buffer-size"]; ok {
+		t.Errorf("max-buffer-size %v with the stdout sink: a buffer that drops when full loses messages", v)
+	}
 }
 
-// kinesisStream=create: an on-demand encrypted stream, written by the task role
-// only, named in the worker's SOCKFLEET_SINK.
+// The default (cdk.json, kinesisStream=create): an on-demand encrypted stream,
+// written by the task role only, named in the worker's SOCKFLEET_SINK; the log
+// pipe carries diagnostics only, so it never blocks the worker.
 func TestKinesisSinkCreated(t *testing.T) {
-	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: KinesisCreate})
+	tpl, j := template(t)
 	x := findIDs(t, j)
 	check(t, "on-demand encrypted stream", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::Kinesis::Stream"), assertions.Match_ObjectLike(&map[string]any{
@@ -870,6 +899,8 @@ func TestKinesisSinkCreated(t *testing.T) {
 	for _, s := range grants[x.taskRole] {
 		wantSame(t, "task role Kinesis resource", s.resource, getAtt(id, "Arn"))
 	}
+	opts := workerLogOptions(t, j)
+	wantSame(t, "log delivery mode with the Kinesis sink", []any{opts["mode"], opts["max-buffer-size"]}, []any{"non-blocking", "26214400b"})
 }
 
 // kinesisStream=ARN: an existing stream, no new one; the grant names that ARN.
