@@ -24,6 +24,7 @@ const (
 	ctxRetention      = "retention"
 	ctxKinesisStream  = "kinesisStream"
 	ctxSecretsPrefix  = "connectionSecretsPrefix"
+	ctxNatGateways    = "natGateways"
 	// ctxLegacyIndex keeps the ALL-projected registry index of earlier versions next
 	// to the KEYS_ONLY one, for the first of the two deploys that move a deployed
 	// table (docs/MEMBERSHIP.md, "Moving a deployed table").
@@ -61,6 +62,10 @@ type Config struct {
 	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
 	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
 	SecretsPrefix string
+	// NatGateways is the NAT gateway count of a VPC the stack creates (VpcID
+	// empty): MaxAZs (the default) puts one in each AZ, so an AZ outage takes only
+	// its own workers' egress with it; 1 shares one across the AZs for less money.
+	NatGateways int
 	// KeepLegacyRegistryIndex keeps schema.LegacyRegistryIndex on the table. A GSI's
 	// projection cannot change in place, and CloudFormation creates or deletes at most
 	// one GSI per update, so a stack deployed before the registry index became
@@ -84,6 +89,7 @@ func DefaultConfig() Config {
 		RetentionDays:         30,
 		KinesisStream:         KinesisCreate,
 		SecretsPrefix:         "sockfleet/connections/",
+		NatGateways:           MaxAZs,
 	}
 }
 
@@ -106,6 +112,9 @@ func (c Config) SinkIsStdout() bool {
 func (c Config) ConnectionsTarget() float64 {
 	return math.Max(1, math.Floor(float64(c.MaxConnectionsPerTask)*0.6))
 }
+
+// MaxAZs is how many availability zones a VPC the stack creates spans.
+const MaxAZs = 2
 
 var (
 	vpcIDPattern      = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
@@ -144,6 +153,9 @@ func (c Config) Validate() error {
 	if !c.SinkIsStdout() && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
 		bad(ctxKinesisStream, "%q: want %q (a new stream), a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME) or %q (or empty)",
 			c.KinesisStream, KinesisCreate, KinesisStdout)
+	}
+	if c.NatGateways < 1 || c.NatGateways > MaxAZs {
+		bad(ctxNatGateways, "%d, want 1 (one shared) to %d (one per AZ)", c.NatGateways, MaxAZs)
 	}
 	if !secretsPrefixPattern.MatchString(c.SecretsPrefix) {
 		bad(ctxSecretsPrefix, "%q: want up to 256 of the characters a secret name may hold (A-Z a-z 0-9 / _ + = . @ -)", c.SecretsPrefix)
@@ -185,6 +197,7 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 		{ctxLeaseSeconds, &c.LeaseSeconds},
 		{ctxRenewSeconds, &c.RenewSeconds},
 		{ctxRetention, &c.RetentionDays},
+		{ctxNatGateways, &c.NatGateways},
 	}
 	for _, f := range ints {
 		v := get(f.key)

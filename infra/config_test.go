@@ -24,7 +24,8 @@ func TestCdkJSONKnobsAreTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention} {
+	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention,
+		ctxKinesisStream, ctxSecretsPrefix, ctxNatGateways} {
 		if _, ok := ctx[key]; !ok {
 			t.Errorf("cdk.json context has no %s", key)
 		}
@@ -76,6 +77,10 @@ func TestConfigFromContext(t *testing.T) {
 		{name: "legacy index from cdk.json", ctx: map[string]any{ctxLegacyIndex: false},
 			want: func(c Config) bool { return !c.KeepLegacyRegistryIndex }},
 		{name: "legacy index not a boolean", ctx: map[string]any{ctxLegacyIndex: "yes"}, wantErr: []string{ctxLegacyIndex, "true or false"}},
+		{name: "nat gateway shared", ctx: map[string]any{ctxNatGateways: "1"},
+			want: func(c Config) bool { return c.NatGateways == 1 }},
+		{name: "no nat gateway", ctx: map[string]any{ctxNatGateways: 0.0}, wantErr: []string{ctxNatGateways}},
+		{name: "more nat gateways than AZs", ctx: map[string]any{ctxNatGateways: 3.0}, wantErr: []string{ctxNatGateways}},
 		{name: "kinesis create", ctx: map[string]any{ctxKinesisStream: "create"},
 			want: func(c Config) bool { return c.KinesisStream == KinesisCreate && !c.SinkIsStdout() }},
 		{name: "stdout", ctx: map[string]any{ctxKinesisStream: "stdout"},

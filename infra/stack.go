@@ -79,14 +79,17 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 	table := newTable(stack, cfg)
 
 	// Network. Workers live in private subnets and dial their upstreams through
-	// NAT; DynamoDB traffic takes the free gateway endpoint instead.
+	// NAT; DynamoDB traffic takes the free gateway endpoint instead. A NAT gateway
+	// lives in one AZ, and private subnets route to their own AZ's gateway when there
+	// is one per AZ (the default): with a single shared gateway, losing its AZ cuts
+	// every worker off from its upstreams.
 	var vpc awsec2.IVpc
 	if cfg.VpcID != "" {
 		vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(cfg.VpcID)})
 	} else {
 		vpc = awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
-			MaxAzs:      jsii.Number(2),
-			NatGateways: jsii.Number(1),
+			MaxAzs:      jsii.Number(MaxAZs),
+			NatGateways: jsii.Number(float64(cfg.NatGateways)),
 			GatewayEndpoints: &map[string]*awsec2.GatewayVpcEndpointOptions{
 				"DynamoDb": {Service: awsec2.GatewayVpcEndpointAwsService_DYNAMODB()},
 			},
@@ -170,7 +173,15 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 		retention:   retention,
 	})
 
-	alarms := newAlarms(stack, table, reconciler, service, failedBatches, alarmTopic, serviceName)
+	// Like the Lambda (which CDK makes depend on them itself), the service must not
+	// start tasks before its subnets' default routes to NAT exist: a task started
+	// without them cannot pull its image from ECR or its secret from Secrets Manager
+	// (no interface endpoints: both go through NAT) and fails to start, which on a
+	// fresh stack's first deploy can trip the deployment circuit breaker and roll
+	// the whole stack back.
+	service.Node().AddDependency(vpc.SelectSubnets(private).InternetConnectivityEstablished)
+
+	alarms := newAlarms(stack, table, reconciler, service, cluster, failedBatches, alarmTopic, serviceName)
 	newDashboard(stack, table, reconciler, service, alarms, serviceName)
 
 	out := func(id, desc string, v *string) {
@@ -412,12 +423,24 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 			OperatingSystemFamily: awsecs.OperatingSystemFamily_LINUX(),
 		},
 	})
-	// Leases: acquire, renew, checkpoint and release are UpdateItem; the registry
-	// item is Put/Update/Delete; GetItem reads an item back after an ambiguous
-	// write; Query on the lease_owner index finds what the worker still holds;
-	// BatchGetItem is the backstop read of its own connections.
+	// Leases: acquire, renew, checkpoint and release are UpdateItem; GetItem reads
+	// an item back after an ambiguous write; Query on the lease_owner index finds
+	// what the worker still holds; BatchGetItem is the backstop read of its own
+	// connections.
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
-		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
+		jsii.String("dynamodb:Query"))
+	// The worker's only PutItem and DeleteItem calls are on its own registry item
+	// (shared/registry: Join and, in polling mode, Put and Delete), never on a
+	// connection item, so both are limited to WORKER# keys. dynamodb:LeadingKeys is
+	// the partition key values a request touches; ForAllValues requires every one of
+	// them to match. Put and Delete act on the base table only.
+	task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("dynamodb:PutItem", "dynamodb:DeleteItem"),
+		Resources: jsii.Strings(*p.table.TableArn()),
+		Conditions: &map[string]any{
+			"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{schema.WorkerPrefix + "*"}},
+		},
+	}))
 	// The start-up pass (owner.ScanCandidates) scans the base table once per worker
 	// start for STARTED connections without a live owner. Scan on the table's ARN
 	// only: an index is a resource of its own (TABLE/index/NAME), and no index is
@@ -593,7 +616,7 @@ func fleetMetric(serviceName, name, stat string, minutes float64) awscloudwatch.
 
 // newAlarms defines the alarms, all notifying alarmTopic.
 func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Function, service awsecs.FargateService,
-	failures, alarmTopic awssns.ITopic, serviceName string) []awscloudwatch.IAlarm {
+	cluster awsecs.ICluster, failures, alarmTopic awssns.ITopic, serviceName string) []awscloudwatch.IAlarm {
 	var alarms []awscloudwatch.IAlarm
 	add := func(id string, props *awscloudwatch.AlarmProps) {
 		a := awscloudwatch.NewAlarm(stack, jsii.String(id+"Alarm"), props)
@@ -624,6 +647,50 @@ func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Funct
 		Threshold:          jsii.Number(1),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// Throttled invocations delay wakeups (stream batches wait and retry) and sweeps.
+	add("ReconcilerThrottles", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The reconciler was throttled: wakeups and sweeps are delayed (check the account's Lambda concurrency)."),
+		Metric: fn.MetricThrottles(&awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// Fewer workers running than ECS wants, for 5 minutes in a row: tasks that fail
+	// to start or keep crashing (image pull, secrets, health check). A scale-out or a
+	// deploy closes the gap within a minute or two. Container Insights (enabled on
+	// the cluster) publishes both counts per service, every minute.
+	taskCount := func(name string) awscloudwatch.IMetric {
+		return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace:  jsii.String("ECS/ContainerInsights"),
+			MetricName: jsii.String(name),
+			DimensionsMap: &map[string]*string{
+				"ClusterName": cluster.ClusterName(),
+				"ServiceName": service.ServiceName(),
+			},
+			Statistic: jsii.String("Average"),
+			Period:    awscdk.Duration_Minutes(jsii.Number(1)),
+		})
+	}
+	add("WorkersBelowDesired", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("Fewer worker tasks are running than the service wants, for 5 minutes: tasks fail to start or keep stopping."),
+		Metric: awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String("desired - running"),
+			UsingMetrics: &map[string]awscloudwatch.IMetric{
+				"desired": taskCount("DesiredTaskCount"),
+				"running": taskCount("RunningTaskCount"),
+			},
+			Label:  jsii.String("worker tasks missing"),
+			Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		}),
+		Threshold:          jsii.Number(0),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(5),
+		DatapointsToAlarm:  jsii.Number(5),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
 	// Stream lag is failover latency: a minute behind for 3 minutes is an incident.

@@ -478,7 +478,9 @@ func TestNetwork(t *testing.T) {
 		"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
 		"Description": path(j, "Resources", x.reconcilerSG, "Properties", "SecurityGroupEgress", 0, "Description"),
 	}})
-	check(t, "one NAT gateway", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1)) })
+	// One NAT gateway per AZ by default, so an AZ outage cuts off only its own
+	// workers; natGateways=1 shares one (TestOneNatGateway).
+	check(t, "a NAT gateway per AZ", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(2)) })
 	check(t, "DynamoDB gateway endpoint", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::EC2::VPCEndpoint"), assertions.Match_ObjectLike(&map[string]any{
 			"VpcEndpointType": "Gateway",
@@ -492,9 +494,10 @@ func TestNetwork(t *testing.T) {
 
 // statement is one IAM statement of a role, with its actions as a list.
 type statement struct {
-	policy   string
-	actions  []string
-	resource any
+	policy    string
+	actions   []string
+	resource  any
+	condition any
 }
 
 func roleStatements(j obj) map[string][]statement {
@@ -511,7 +514,7 @@ func roleStatements(j obj) map[string][]statement {
 					acts = append(acts, fmt.Sprint(x))
 				}
 			}
-			out[role] = append(out[role], statement{policy: policy, actions: acts, resource: path(s, "Resource")})
+			out[role] = append(out[role], statement{policy: policy, actions: acts, resource: path(s, "Resource"), condition: path(s, "Condition")})
 		}
 	}
 	for id, r := range resources(j, "AWS::IAM::Policy") {
@@ -589,6 +592,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			switch {
 			case slices.Contains(s.actions, "dynamodb:GetItem"):
 				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
+			case slices.Contains(s.actions, "dynamodb:PutItem") && role == x.taskRole:
+				// Worker items only: TestWorkerPutDeleteOnlyWorkerItems checks it.
 			case slices.Contains(s.actions, "dynamodb:Scan") && role == x.taskRole:
 				// The start-up pass scans the base table, never an index.
 				wantSame(t, role+" Scan actions", s.actions, []string{"dynamodb:Scan"})
@@ -785,6 +790,12 @@ func TestOperations(t *testing.T) {
 		},
 		"failed stream batches": {
 			"Namespace": "AWS/SNS", "MetricName": "NumberOfMessagesPublished",
+			"Dimensions": []any{obj{"Name": "TopicName", "Value": getAtt(x.failureTopic, "TopicName")}},
+		},
+		"reconciler throttles": {
+			"Namespace": "AWS/Lambda", "MetricName": "Throttles", "Statistic": "Sum", "Threshold": 1,
+			"ComparisonOperator": "GreaterThanOrEqualToThreshold",
+			"Dimensions":         []any{obj{"Name": "FunctionName", "Value": ref(x.reconciler)}},
 		},
 	}
 	for name, props := range alarms {
@@ -917,5 +928,101 @@ func TestKinesisSinkExisting(t *testing.T) {
 	wantSame(t, "task role Kinesis actions", actionSet(grants[x.taskRole]), kinesisWrite)
 	for _, s := range grants[x.taskRole] {
 		wantSame(t, "task role Kinesis resource", s.resource, arn)
+	}
+}
+
+// The worker's PutItem and DeleteItem reach only worker items (WORKER#…): one
+// statement, on the base table, with the dynamodb:LeadingKeys condition.
+func TestWorkerPutDeleteOnlyWorkerItems(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var found []statement
+	for _, s := range roleStatements(j)[x.taskRole] {
+		if slices.Contains(s.actions, "dynamodb:PutItem") || slices.Contains(s.actions, "dynamodb:DeleteItem") {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("task role statements with PutItem or DeleteItem: %+v; want one", found)
+	}
+	s := found[0]
+	acts := slices.Sorted(slices.Values(s.actions))
+	wantSame(t, "actions", acts, []string{"dynamodb:DeleteItem", "dynamodb:PutItem"})
+	wantSame(t, "resource", s.resource, getAtt(x.table, "Arn"))
+	wantSame(t, "condition", s.condition, obj{
+		"ForAllValues:StringLike": obj{"dynamodb:LeadingKeys": []any{schema.WorkerPrefix + "*"}},
+	})
+}
+
+// natGateways=1: one NAT gateway shared by both AZs.
+func TestOneNatGateway(t *testing.T) {
+	tpl, _ := synthWith(t, map[string]any{"natGateways": 1})
+	check(t, "one NAT gateway", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1)) })
+}
+
+// dependsOnRoutes returns the default routes among a resource's DependsOn.
+func dependsOnRoutes(j obj, id string) []string {
+	var out []string
+	for _, d := range asSlice(path(j, "Resources", id, "DependsOn")) {
+		dep := fmt.Sprint(d)
+		if path(j, "Resources", dep, "Type") == "AWS::EC2::Route" {
+			out = append(out, dep)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The service starts no task before the private subnets' default routes exist, as
+// the Lambda in the same subnets does not.
+func TestServiceWaitsForRoutes(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var private []string
+	for id, r := range resources(j, "AWS::EC2::Route") {
+		if strings.Contains(id, "Private") && path(r, "Properties", "DestinationCidrBlock") == "0.0.0.0/0" {
+			private = append(private, id)
+		}
+	}
+	slices.Sort(private)
+	if len(private) == 0 {
+		t.Fatal("no default routes of private subnets in the template")
+	}
+	wantSame(t, "the reconciler's route dependencies", dependsOnRoutes(j, x.reconciler), private)
+	wantSame(t, "the worker service's route dependencies", dependsOnRoutes(j, x.service), private)
+}
+
+// An alarm when fewer worker tasks run than the service wants, from Container
+// Insights' per-service counts.
+func TestWorkersBelowDesiredAlarm(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	_, alarm := only(t, j, "AWS::CloudWatch::Alarm", func(p obj) bool {
+		for _, m := range asSlice(p["Metrics"]) {
+			if path(m, "Expression") == "desired - running" {
+				return true
+			}
+		}
+		return false
+	})
+	byID := map[string]any{}
+	for _, m := range asSlice(alarm["Metrics"]) {
+		byID[fmt.Sprint(path(m, "Id"))] = m
+	}
+	for id, name := range map[string]string{"desired": "DesiredTaskCount", "running": "RunningTaskCount"} {
+		m := byID[id]
+		wantSame(t, id+" metric", path(m, "MetricStat", "Metric"), obj{
+			"Namespace": "ECS/ContainerInsights", "MetricName": name,
+			"Dimensions": []any{
+				obj{"Name": "ClusterName", "Value": ref(x.cluster)},
+				obj{"Name": "ServiceName", "Value": getAtt(x.service, "Name")},
+			},
+		})
+		wantSame(t, id+" period", path(m, "MetricStat", "Period"), 60)
+	}
+	wantSame(t, "threshold", []any{alarm["ComparisonOperator"], alarm["Threshold"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]},
+		[]any{"GreaterThanThreshold", 0, 5, 5})
+	if alarm["AlarmActions"] == nil {
+		t.Error("the alarm notifies nobody")
 	}
 }
