@@ -24,7 +24,11 @@ const (
 	ctxRetention      = "retention"
 	ctxKinesisStream  = "kinesisStream"
 	ctxSecretsPrefix  = "connectionSecretsPrefix"
-	ctxNatGateways    = "natGateways"
+	// KMS keys (customer-managed) of what the workers read or write: the imported
+	// Kinesis stream's server-side encryption key, and the connection secrets' key.
+	ctxKinesisKMSKey = "kinesisKmsKeyArn"
+	ctxSecretsKMSKey = "connectionSecretsKmsKeyArn"
+	ctxNatGateways   = "natGateways"
 	// ctxLegacyIndex keeps the ALL-projected registry index of earlier versions next
 	// to the KEYS_ONLY one, for the first of the two deploys that move a deployed
 	// table (docs/MEMBERSHIP.md, "Moving a deployed table").
@@ -62,6 +66,15 @@ type Config struct {
 	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
 	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
 	SecretsPrefix string
+	// KinesisKMSKeyARN is the customer-managed KMS key an imported stream
+	// (KinesisStream an ARN) is encrypted with; the task role gets
+	// kms:GenerateDataKey on it, which a producer needs. Empty: the stream uses no
+	// key or the AWS-managed one (alias/aws/kinesis), which needs no grant.
+	KinesisKMSKeyARN string
+	// SecretsKMSKeyARN is the customer-managed KMS key of the connection secrets
+	// under SecretsPrefix; the task role gets kms:Decrypt on it, which
+	// GetSecretValue needs. Empty: the secrets use the AWS-managed key.
+	SecretsKMSKeyARN string
 	// NatGateways is the NAT gateway count of a VPC the stack creates (VpcID
 	// empty): MaxAZs (the default) puts one in each AZ, so an AZ outage takes only
 	// its own workers' egress with it; 1 shares one across the AZs for less money.
@@ -117,6 +130,8 @@ func (c Config) ConnectionsTarget() float64 {
 const MaxAZs = 2
 
 var (
+	// A key ARN, not an alias: IAM matches a KMS request against the key's ARN.
+	kmsKeyARNPattern  = regexp.MustCompile(`^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[a-zA-Z0-9-]{1,128}$`)
 	vpcIDPattern      = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	kinesisARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:[0-9]{12}:stream/[a-zA-Z0-9_.-]{1,128}$`)
 )
@@ -153,6 +168,23 @@ func (c Config) Validate() error {
 	if !c.SinkIsStdout() && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
 		bad(ctxKinesisStream, "%q: want %q (a new stream), a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME) or %q (or empty)",
 			c.KinesisStream, KinesisCreate, KinesisStdout)
+	}
+	if c.KinesisKMSKeyARN != "" {
+		switch {
+		case !kmsKeyARNPattern.MatchString(c.KinesisKMSKeyARN):
+			bad(ctxKinesisKMSKey, "%q is not a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)", c.KinesisKMSKeyARN)
+		case !kinesisARNPattern.MatchString(c.KinesisStream):
+			bad(ctxKinesisKMSKey, "set with %s %q: a key belongs to an existing stream, given by ARN (a stream the stack creates uses the AWS-managed key)",
+				ctxKinesisStream, c.KinesisStream)
+		}
+	}
+	if c.SecretsKMSKeyARN != "" {
+		switch {
+		case !kmsKeyARNPattern.MatchString(c.SecretsKMSKeyARN):
+			bad(ctxSecretsKMSKey, "%q is not a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)", c.SecretsKMSKeyARN)
+		case c.SecretsPrefix == "":
+			bad(ctxSecretsKMSKey, "set with an empty %s: the workers read no secrets", ctxSecretsPrefix)
+		}
 	}
 	if c.NatGateways < 1 || c.NatGateways > MaxAZs {
 		bad(ctxNatGateways, "%d, want 1 (one shared) to %d (one per AZ)", c.NatGateways, MaxAZs)
@@ -217,6 +249,8 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 	}{
 		{ctxVpcID, &c.VpcID},
 		{ctxKinesisStream, &c.KinesisStream},
+		{ctxKinesisKMSKey, &c.KinesisKMSKeyARN},
+		{ctxSecretsKMSKey, &c.SecretsKMSKeyARN},
 	}
 	for _, f := range strs {
 		v := get(f.key)

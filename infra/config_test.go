@@ -25,7 +25,7 @@ func TestCdkJSONKnobsAreTheDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention,
-		ctxKinesisStream, ctxSecretsPrefix, ctxNatGateways} {
+		ctxKinesisStream, ctxSecretsPrefix, ctxKinesisKMSKey, ctxSecretsKMSKey, ctxNatGateways} {
 		if _, ok := ctx[key]; !ok {
 			t.Errorf("cdk.json context has no %s", key)
 		}
@@ -81,6 +81,21 @@ func TestConfigFromContext(t *testing.T) {
 			want: func(c Config) bool { return c.NatGateways == 1 }},
 		{name: "no nat gateway", ctx: map[string]any{ctxNatGateways: 0.0}, wantErr: []string{ctxNatGateways}},
 		{name: "more nat gateways than AZs", ctx: map[string]any{ctxNatGateways: 3.0}, wantErr: []string{ctxNatGateways}},
+		{name: "kms keys", ctx: map[string]any{ctxKinesisStream: "arn:aws:kinesis:eu-west-1:123456789012:stream/feed",
+			ctxKinesisKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555",
+			ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef"},
+			want: func(c Config) bool {
+				return c.KinesisKMSKeyARN == "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555" &&
+					c.SecretsKMSKeyARN == "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef"
+			}},
+		{name: "kms alias is not a key", ctx: map[string]any{ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:alias/mine"},
+			wantErr: []string{ctxSecretsKMSKey, "KMS key ARN"}},
+		{name: "kinesis key for a created stream", ctx: map[string]any{
+			ctxKinesisKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"},
+			wantErr: []string{ctxKinesisKMSKey, "existing stream"}},
+		{name: "secrets key without secrets", ctx: map[string]any{ctxSecretsPrefix: "",
+			ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"},
+			wantErr: []string{ctxSecretsKMSKey, ctxSecretsPrefix}},
 		{name: "kinesis create", ctx: map[string]any{ctxKinesisStream: "create"},
 			want: func(c Config) bool { return c.KinesisStream == KinesisCreate && !c.SinkIsStdout() }},
 		{name: "stdout", ctx: map[string]any{ctxKinesisStream: "stdout"},

@@ -461,6 +461,23 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		}))
 	}
 
+	// Customer-managed KMS keys: exactly the action each use needs, on that key.
+	// A Kinesis producer needs kms:GenerateDataKey on an SSE-KMS stream's key;
+	// GetSecretValue needs kms:Decrypt on the secret's key. The AWS-managed keys
+	// (alias/aws/kinesis, aws/secretsmanager) need neither.
+	if cfg.KinesisKMSKeyARN != "" {
+		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:   jsii.Strings("kms:GenerateDataKey"),
+			Resources: jsii.Strings(cfg.KinesisKMSKeyARN),
+		}))
+	}
+	if cfg.SecretsKMSKeyARN != "" {
+		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:   jsii.Strings("kms:Decrypt"),
+			Resources: jsii.Strings(cfg.SecretsKMSKeyARN),
+		}))
+	}
+
 	env := map[string]*string{
 		schema.EnvTable:          p.table.TableName(),
 		schema.EnvListenAddr:     jsii.String(":" + strconv.Itoa(schema.DefaultWakeupPort)),

@@ -931,6 +931,53 @@ func TestKinesisSinkExisting(t *testing.T) {
 	}
 }
 
+// kmsStatements returns, per role, the statements granting KMS actions.
+func kmsStatements(j obj) map[string][]statement {
+	out := map[string][]statement{}
+	for role, stmts := range roleStatements(j) {
+		for _, s := range stmts {
+			for _, a := range s.actions {
+				if strings.HasPrefix(a, "kms:") {
+					out[role] = append(out[role], s)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Customer-managed keys: an imported stream's (producers need kms:GenerateDataKey)
+// and the connection secrets' (GetSecretValue needs kms:Decrypt), each exactly that
+// action on exactly that key, for the task role only. Without the knobs no role
+// has any KMS action.
+func TestKMSKeys(t *testing.T) {
+	_, d := template(t)
+	if k := kmsStatements(d); len(k) != 0 {
+		t.Errorf("KMS grants without customer-managed keys: %v", k)
+	}
+	const (
+		stream     = "arn:aws:kinesis:eu-west-1:123456789012:stream/feed"
+		streamKey  = "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+		secretsKey = "arn:aws:kms:eu-west-1:123456789012:key/66666666-7777-8888-9999-000000000000"
+	)
+	_, j := synthWith(t, map[string]any{ctxKinesisStream: stream, "kinesisKmsKeyArn": streamKey, "connectionSecretsKmsKeyArn": secretsKey})
+	x := findIDs(t, j)
+	grants := kmsStatements(j)
+	if len(grants) != 1 || grants[x.taskRole] == nil {
+		t.Fatalf("KMS grants %v; want the task role's only", grants)
+	}
+	var got []obj
+	for _, s := range grants[x.taskRole] {
+		got = append(got, obj{"actions": s.actions, "resource": s.resource, "condition": s.condition})
+	}
+	slices.SortFunc(got, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	wantSame(t, "task role KMS statements", got, []obj{
+		{"actions": []string{"kms:Decrypt"}, "resource": secretsKey, "condition": nil},
+		{"actions": []string{"kms:GenerateDataKey"}, "resource": streamKey, "condition": nil},
+	})
+}
+
 // The worker's PutItem and DeleteItem reach only worker items (WORKER#…): one
 // statement, on the base table, with the dynamodb:LeadingKeys condition.
 func TestWorkerPutDeleteOnlyWorkerItems(t *testing.T) {
