@@ -828,6 +828,43 @@ func TestDockerignore(t *testing.T) {
 	}
 }
 
+// README, "Deploying to AWS": what a fresh account and the deployer's machine need,
+// and every context knob in the table.
+func TestReadmeDeploying(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	start := strings.Index(doc, "\n## Deploying to AWS\n")
+	if start < 0 {
+		t.Fatal(`README.md has no "## Deploying to AWS" section`)
+	}
+	section := doc[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	for _, want := range []string{
+		"aws iam create-service-linked-role --aws-service-name ecs.amazonaws.com",
+		"Unable to assume the service linked role",
+		"linux/arm64", "docker buildx ls", "### First deploy",
+		".tools/deploy/node_modules/.bin/cdk bootstrap",
+	} {
+		if !strings.Contains(section, want) {
+			t.Errorf("README, Deploying to AWS, does not say %q", want)
+		}
+	}
+	ctx, err := cdkContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range ctx {
+		if !strings.HasPrefix(key, "@") && !strings.Contains(section, "| `"+key+"` |") {
+			t.Errorf("README's knob table has no row for %s", key)
+		}
+	}
+}
+
 // workerEnv returns the worker container's environment.
 func workerEnv(t *testing.T, j obj) obj {
 	t.Helper()
