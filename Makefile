@@ -1,28 +1,40 @@
 # sockfleet. `make run` runs the fleet locally; `make test` runs every test.
-# Both install what they need: Go modules, and under .tools/ the pinned npm tools
-# (dynoxide, the local DynamoDB engine, and the CDK CLI).
+# Both install what they need: Go modules, and under .tools/ the pinned npm tools,
+# in two packages: .tools/local (dynoxide and kinesalite, the local engines; dynoxide
+# is published for linux-x64) and .tools/deploy (the CDK CLI, installable anywhere).
+# `make synth` and `make deploy` install only .tools/deploy, so they work from macOS,
+# Windows and Linux on x64 or arm64.
 
 SHELL := /bin/bash
 GO    ?= go
-TOOLS := .tools/node_modules/.installed
+LOCAL_TOOLS  := .tools/local/node_modules/.installed
+DEPLOY_TOOLS := .tools/deploy/node_modules/.installed
 # The open-source Lambda Runtime Interface Emulator runs the real reconciler binary
 # locally. Built from the Go module proxy at a pinned version.
 RIE         := .tools/bin/aws-lambda-rie
 RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: all tools local-bin build run test vet fmt-check unit bench clean
+.PHONY: all tools local-tools deploy-tools local-bin build run test vet fmt-check unit bench clean
 
 all: build
 
-$(TOOLS): .tools/package.json .tools/package-lock.json
-	npm ci --prefix .tools --no-audit --no-fund --loglevel=error
+$(LOCAL_TOOLS): .tools/local/package.json .tools/local/package-lock.json
+	npm ci --prefix .tools/local --no-audit --no-fund --loglevel=error
+	@touch $@
+
+$(DEPLOY_TOOLS): .tools/deploy/package.json .tools/deploy/package-lock.json
+	npm ci --prefix .tools/deploy --no-audit --no-fund --loglevel=error
 	@touch $@
 
 $(RIE):
 	GOBIN=$(CURDIR)/.tools/bin $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
 
-tools: $(TOOLS) $(RIE)
+# The local engines and the Lambda emulator: what `make run` and the Go tests need.
+local-tools: $(LOCAL_TOOLS) $(RIE)
+# The CDK CLI: all the deploy path needs from npm.
+deploy-tools: $(DEPLOY_TOOLS)
+tools: local-tools deploy-tools
 
 build:
 	$(GO) build ./...
@@ -39,7 +51,7 @@ local-bin:
 # `make run SINK=kinesis` delivers to a stream on kinesalite instead of files.
 RUN_ARGS ?=
 
-run: tools local-bin
+run: local-tools local-bin
 	.local/bin/sockfleet-local $(if $(SINK),-sink $(SINK)) $(RUN_ARGS)
 
 test: tools vet fmt-check unit infra-test
@@ -51,10 +63,10 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v /testdata/)); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-unit: tools
+unit: local-tools
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-bench: tools
+bench: local-tools
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
 
 clean:
@@ -64,7 +76,7 @@ clean:
 # `bootstrap`; the CDK app in infra/ is a Go module of its own, run by cdk.json.
 # Extra CLI arguments go in CDK_ARGS, e.g. make deploy CDK_ARGS='-c desiredCount=4'.
 .PHONY: lambda synth deploy infra-test
-CDK        := .tools/node_modules/.bin/cdk
+CDK        := .tools/deploy/node_modules/.bin/cdk
 CDK_ARGS   ?=
 CDK_SILENT := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
 
@@ -73,13 +85,13 @@ lambda:
 	CGO_ENABLED=0 GOOS=linux GOARCH=arm64 $(GO) build -tags lambda.norpc -trimpath -ldflags='-s -w' \
 		-o bin/reconciler/bootstrap ./functions/reconciler
 
-synth: tools lambda
+synth: deploy-tools lambda
 	$(CDK) synth $(CDK_ARGS)
 
-deploy: tools lambda
+deploy: deploy-tools lambda
 	$(CDK) deploy $(CDK_ARGS)
 
 # Assertion tests of the stack, then the same synth `cdk deploy` runs, offline.
-infra-test: tools lambda
+infra-test: deploy-tools lambda
 	cd infra && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
 	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices

@@ -24,14 +24,24 @@ const (
 	ctxRetention      = "retention"
 	ctxKinesisStream  = "kinesisStream"
 	ctxSecretsPrefix  = "connectionSecretsPrefix"
+	// KMS keys (customer-managed) of what the workers read or write: the imported
+	// Kinesis stream's server-side encryption key, and the connection secrets' key.
+	ctxKinesisKMSKey = "kinesisKmsKeyArn"
+	ctxSecretsKMSKey = "connectionSecretsKmsKeyArn"
+	ctxNatGateways   = "natGateways"
 	// ctxLegacyIndex keeps the ALL-projected registry index of earlier versions next
 	// to the KEYS_ONLY one, for the first of the two deploys that move a deployed
 	// table (docs/MEMBERSHIP.md, "Moving a deployed table").
 	ctxLegacyIndex = "keepLegacyRegistryIndex"
 )
 
-// KinesisCreate as the kinesisStream knob creates a stream in the stack.
-const KinesisCreate = "create"
+// Values of the kinesisStream knob besides a stream ARN: KinesisCreate (the default)
+// creates a stream in the stack; KinesisStdout (or "") has the workers write to
+// their stdout, which the awslogs driver ships to CloudWatch Logs.
+const (
+	KinesisCreate = "create"
+	KinesisStdout = "stdout"
+)
 
 // skewMargin is the clock-skew allowance shared by the worker (it self-fences this
 // much before its lease ends in anyone's view, twice over) and the sweep (it only
@@ -43,18 +53,32 @@ const skewMargin = 2 * time.Second
 // DefaultConfig.
 type Config struct {
 	MaxConnectionsPerTask int // a worker's capacity, SOCKFLEET_MAX_CONNECTIONS
-	DesiredCount          int // workers at deploy time, and the autoscaling floor
+	DesiredCount          int // the autoscaling floor (MinCapacity); the service itself sets no count
 	MaxCount              int // autoscaling ceiling
 	LeaseSeconds          int // lease duration
 	RenewSeconds          int // renew interval
 	VpcID                 string
 	RetentionDays         int // CloudWatch Logs retention of the worker and reconciler logs
-	// KinesisStream is where workers deliver: "" their stdout (CloudWatch Logs),
-	// KinesisCreate a new on-demand stream in the stack, or an existing stream's ARN.
+	// KinesisStream is where workers deliver: KinesisCreate (the default) a new
+	// on-demand stream in the stack, an existing stream's ARN, or KinesisStdout ("" too)
+	// their stdout (CloudWatch Logs).
 	KinesisStream string
 	// SecretsPrefix: the workers may read the Secrets Manager secrets whose names
 	// start with it, for connection specs' {{secret:NAME}} headers. Empty: none.
 	SecretsPrefix string
+	// KinesisKMSKeyARN is the customer-managed KMS key an imported stream
+	// (KinesisStream an ARN) is encrypted with; the task role gets
+	// kms:GenerateDataKey on it, which a producer needs. Empty: the stream uses no
+	// key or the AWS-managed one (alias/aws/kinesis), which needs no grant.
+	KinesisKMSKeyARN string
+	// SecretsKMSKeyARN is the customer-managed KMS key of the connection secrets
+	// under SecretsPrefix; the task role gets kms:Decrypt on it, which
+	// GetSecretValue needs. Empty: the secrets use the AWS-managed key.
+	SecretsKMSKeyARN string
+	// NatGateways is the NAT gateway count of a VPC the stack creates (VpcID
+	// empty): MaxAZs (the default) puts one in each AZ, so an AZ outage takes only
+	// its own workers' egress with it; 1 shares one across the AZs for less money.
+	NatGateways int
 	// KeepLegacyRegistryIndex keeps schema.LegacyRegistryIndex on the table. A GSI's
 	// projection cannot change in place, and CloudFormation creates or deletes at most
 	// one GSI per update, so a stack deployed before the registry index became
@@ -76,7 +100,9 @@ func DefaultConfig() Config {
 		LeaseSeconds:          11,
 		RenewSeconds:          3,
 		RetentionDays:         30,
+		KinesisStream:         KinesisCreate,
 		SecretsPrefix:         "sockfleet/connections/",
+		NatGateways:           MaxAZs,
 	}
 }
 
@@ -87,6 +113,12 @@ func (c Config) RenewDeadline() time.Duration {
 	return time.Duration(c.LeaseSeconds)*time.Second - 2*skewMargin
 }
 
+// SinkIsStdout reports whether the workers deliver to their stdout rather than to
+// a Kinesis stream.
+func (c Config) SinkIsStdout() bool {
+	return c.KinesisStream == "" || c.KinesisStream == KinesisStdout
+}
+
 // ConnectionsTarget is the autoscaling target for connections per task: 60 % of
 // capacity, so that when one task of a small fleet dies, the survivors have room
 // for its connections while a replacement starts.
@@ -94,7 +126,12 @@ func (c Config) ConnectionsTarget() float64 {
 	return math.Max(1, math.Floor(float64(c.MaxConnectionsPerTask)*0.6))
 }
 
+// MaxAZs is how many availability zones a VPC the stack creates spans.
+const MaxAZs = 2
+
 var (
+	// A key ARN, not an alias: IAM matches a KMS request against the key's ARN.
+	kmsKeyARNPattern  = regexp.MustCompile(`^arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[a-zA-Z0-9-]{1,128}$`)
 	vpcIDPattern      = regexp.MustCompile(`^vpc-[0-9a-f]{8}([0-9a-f]{9})?$`)
 	kinesisARNPattern = regexp.MustCompile(`^arn:aws[a-z-]*:kinesis:[a-z0-9-]+:[0-9]{12}:stream/[a-zA-Z0-9_.-]{1,128}$`)
 )
@@ -128,9 +165,29 @@ func (c Config) Validate() error {
 	if c.VpcID != "" && !vpcIDPattern.MatchString(c.VpcID) {
 		bad(ctxVpcID, "%q is not a VPC id (vpc-…)", c.VpcID)
 	}
-	if c.KinesisStream != "" && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
-		bad(ctxKinesisStream, "%q: want empty (stdout), %q (a new stream) or a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME)",
-			c.KinesisStream, KinesisCreate)
+	if !c.SinkIsStdout() && c.KinesisStream != KinesisCreate && !kinesisARNPattern.MatchString(c.KinesisStream) {
+		bad(ctxKinesisStream, "%q: want %q (a new stream), a stream ARN (arn:aws:kinesis:REGION:ACCOUNT:stream/NAME) or %q (or empty)",
+			c.KinesisStream, KinesisCreate, KinesisStdout)
+	}
+	if c.KinesisKMSKeyARN != "" {
+		switch {
+		case !kmsKeyARNPattern.MatchString(c.KinesisKMSKeyARN):
+			bad(ctxKinesisKMSKey, "%q is not a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)", c.KinesisKMSKeyARN)
+		case !kinesisARNPattern.MatchString(c.KinesisStream):
+			bad(ctxKinesisKMSKey, "set with %s %q: a key belongs to an existing stream, given by ARN (a stream the stack creates uses the AWS-managed key)",
+				ctxKinesisStream, c.KinesisStream)
+		}
+	}
+	if c.SecretsKMSKeyARN != "" {
+		switch {
+		case !kmsKeyARNPattern.MatchString(c.SecretsKMSKeyARN):
+			bad(ctxSecretsKMSKey, "%q is not a KMS key ARN (arn:aws:kms:REGION:ACCOUNT:key/ID)", c.SecretsKMSKeyARN)
+		case c.SecretsPrefix == "":
+			bad(ctxSecretsKMSKey, "set with an empty %s: the workers read no secrets", ctxSecretsPrefix)
+		}
+	}
+	if c.NatGateways < 1 || c.NatGateways > MaxAZs {
+		bad(ctxNatGateways, "%d, want 1 (one shared) to %d (one per AZ)", c.NatGateways, MaxAZs)
 	}
 	if !secretsPrefixPattern.MatchString(c.SecretsPrefix) {
 		bad(ctxSecretsPrefix, "%q: want up to 256 of the characters a secret name may hold (A-Z a-z 0-9 / _ + = . @ -)", c.SecretsPrefix)
@@ -172,6 +229,7 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 		{ctxLeaseSeconds, &c.LeaseSeconds},
 		{ctxRenewSeconds, &c.RenewSeconds},
 		{ctxRetention, &c.RetentionDays},
+		{ctxNatGateways, &c.NatGateways},
 	}
 	for _, f := range ints {
 		v := get(f.key)
@@ -191,6 +249,8 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 	}{
 		{ctxVpcID, &c.VpcID},
 		{ctxKinesisStream, &c.KinesisStream},
+		{ctxKinesisKMSKey, &c.KinesisKMSKeyARN},
+		{ctxSecretsKMSKey, &c.SecretsKMSKeyARN},
 	}
 	for _, f := range strs {
 		v := get(f.key)

@@ -24,7 +24,8 @@ func TestCdkJSONKnobsAreTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention} {
+	for _, key := range []string{ctxMaxConnections, ctxDesiredCount, ctxMaxCount, ctxLeaseSeconds, ctxRenewSeconds, ctxVpcID, ctxRetention,
+		ctxKinesisStream, ctxSecretsPrefix, ctxKinesisKMSKey, ctxSecretsKMSKey, ctxNatGateways} {
 		if _, ok := ctx[key]; !ok {
 			t.Errorf("cdk.json context has no %s", key)
 		}
@@ -76,8 +77,31 @@ func TestConfigFromContext(t *testing.T) {
 		{name: "legacy index from cdk.json", ctx: map[string]any{ctxLegacyIndex: false},
 			want: func(c Config) bool { return !c.KeepLegacyRegistryIndex }},
 		{name: "legacy index not a boolean", ctx: map[string]any{ctxLegacyIndex: "yes"}, wantErr: []string{ctxLegacyIndex, "true or false"}},
+		{name: "nat gateway shared", ctx: map[string]any{ctxNatGateways: "1"},
+			want: func(c Config) bool { return c.NatGateways == 1 }},
+		{name: "no nat gateway", ctx: map[string]any{ctxNatGateways: 0.0}, wantErr: []string{ctxNatGateways}},
+		{name: "more nat gateways than AZs", ctx: map[string]any{ctxNatGateways: 3.0}, wantErr: []string{ctxNatGateways}},
+		{name: "kms keys", ctx: map[string]any{ctxKinesisStream: "arn:aws:kinesis:eu-west-1:123456789012:stream/feed",
+			ctxKinesisKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555",
+			ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef"},
+			want: func(c Config) bool {
+				return c.KinesisKMSKeyARN == "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555" &&
+					c.SecretsKMSKeyARN == "arn:aws:kms:eu-west-1:123456789012:key/mrk-0123456789abcdef"
+			}},
+		{name: "kms alias is not a key", ctx: map[string]any{ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:alias/mine"},
+			wantErr: []string{ctxSecretsKMSKey, "KMS key ARN"}},
+		{name: "kinesis key for a created stream", ctx: map[string]any{
+			ctxKinesisKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"},
+			wantErr: []string{ctxKinesisKMSKey, "existing stream"}},
+		{name: "secrets key without secrets", ctx: map[string]any{ctxSecretsPrefix: "",
+			ctxSecretsKMSKey: "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"},
+			wantErr: []string{ctxSecretsKMSKey, ctxSecretsPrefix}},
 		{name: "kinesis create", ctx: map[string]any{ctxKinesisStream: "create"},
-			want: func(c Config) bool { return c.KinesisStream == KinesisCreate }},
+			want: func(c Config) bool { return c.KinesisStream == KinesisCreate && !c.SinkIsStdout() }},
+		{name: "stdout", ctx: map[string]any{ctxKinesisStream: "stdout"},
+			want: func(c Config) bool { return c.SinkIsStdout() }},
+		{name: "stdout as empty", ctx: map[string]any{ctxKinesisStream: ""},
+			want: func(c Config) bool { return c.SinkIsStdout() }},
 		{name: "kinesis by ARN", ctx: map[string]any{ctxKinesisStream: "arn:aws:kinesis:eu-west-1:123456789012:stream/feed"},
 			want: func(c Config) bool { return c.KinesisStream == "arn:aws:kinesis:eu-west-1:123456789012:stream/feed" }},
 		{name: "kinesis bare name", ctx: map[string]any{ctxKinesisStream: "feed"}, wantErr: []string{ctxKinesisStream, "ARN"}},

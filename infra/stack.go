@@ -79,14 +79,17 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 	table := newTable(stack, cfg)
 
 	// Network. Workers live in private subnets and dial their upstreams through
-	// NAT; DynamoDB traffic takes the free gateway endpoint instead.
+	// NAT; DynamoDB traffic takes the free gateway endpoint instead. A NAT gateway
+	// lives in one AZ, and private subnets route to their own AZ's gateway when there
+	// is one per AZ (the default): with a single shared gateway, losing its AZ cuts
+	// every worker off from its upstreams.
 	var vpc awsec2.IVpc
 	if cfg.VpcID != "" {
 		vpc = awsec2.Vpc_FromLookup(stack, jsii.String("Vpc"), &awsec2.VpcLookupOptions{VpcId: jsii.String(cfg.VpcID)})
 	} else {
 		vpc = awsec2.NewVpc(stack, jsii.String("Vpc"), &awsec2.VpcProps{
-			MaxAzs:      jsii.Number(2),
-			NatGateways: jsii.Number(1),
+			MaxAzs:      jsii.Number(MaxAZs),
+			NatGateways: jsii.Number(float64(cfg.NatGateways)),
 			GatewayEndpoints: &map[string]*awsec2.GatewayVpcEndpointOptions{
 				"DynamoDb": {Service: awsec2.GatewayVpcEndpointAwsService_DYNAMODB()},
 			},
@@ -96,7 +99,7 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 
 	workerSG := awsec2.NewSecurityGroup(stack, jsii.String("WorkerSecurityGroup"), &awsec2.SecurityGroupProps{
 		Vpc:              vpc,
-		Description:      jsii.String("sockfleet workers: outbound to upstreams and AWS; inbound only wakeups from the reconciler"),
+		Description:      jsii.String("sockfleet workers: outbound to upstreams and AWS; inbound only the wakeup port, from the reconciler and other workers"),
 		AllowAllOutbound: jsii.Bool(true),
 	})
 	reconcilerSG := awsec2.NewSecurityGroup(stack, jsii.String("ReconcilerSecurityGroup"), &awsec2.SecurityGroupProps{
@@ -105,8 +108,15 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 		AllowAllOutbound: jsii.Bool(false),
 	})
 	wakeupPort := awsec2.Port_Tcp(jsii.Number(schema.DefaultWakeupPort))
-	// The only ingress rule of the workers: the reconciler on the wakeup port.
+	// The workers' only ingress, both on the wakeup port: the reconciler's wakeups,
+	// and the workers' own calls to each other (POST /v1/handoff, the make-before-break
+	// handoff, docs/HANDOFF.md). A security group admits nothing inbound that a rule
+	// does not allow, members of the same group included, so the self-referencing
+	// rule is needed; CDK renders it as a separate AWS::EC2::SecurityGroupIngress
+	// resource, as a group cannot name itself in its own inline rules. (Ingress only:
+	// the group already allows all outbound.)
 	reconcilerSG.Connections().AllowTo(workerSG, wakeupPort, jsii.String("wakeup calls"))
+	workerSG.AddIngressRule(workerSG, wakeupPort, jsii.String("handoff calls between workers"), jsii.Bool(false))
 	reconcilerSG.AddEgressRule(awsec2.Peer_AnyIpv4(), awsec2.Port_Tcp(jsii.Number(443)),
 		jsii.String("AWS APIs: DynamoDB (gateway endpoint), Secrets Manager"), jsii.Bool(false))
 
@@ -163,7 +173,15 @@ func NewStack(scope constructs.Construct, id string, props *StackProps) awscdk.S
 		retention:   retention,
 	})
 
-	alarms := newAlarms(stack, table, reconciler, service, failedBatches, alarmTopic, serviceName)
+	// Like the Lambda (which CDK makes depend on them itself), the service must not
+	// start tasks before its subnets' default routes to NAT exist: a task started
+	// without them cannot pull its image from ECR or its secret from Secrets Manager
+	// (no interface endpoints: both go through NAT) and fails to start, which on a
+	// fresh stack's first deploy can trip the deployment circuit breaker and roll
+	// the whole stack back.
+	service.Node().AddDependency(vpc.SelectSubnets(private).InternetConnectivityEstablished)
+
+	alarms := newAlarms(stack, table, reconciler, service, cluster, failedBatches, alarmTopic, serviceName)
 	newDashboard(stack, table, reconciler, service, alarms, serviceName)
 
 	out := func(id, desc string, v *string) {
@@ -371,14 +389,15 @@ type workerProps struct {
 	sinkRef     *string            // the stream as SOCKFLEET_SINK names it
 }
 
-// newSinkStream is the Kinesis stream the workers deliver to, if the kinesisStream
-// knob asks for one: created here (on demand, so no shard count to size; encrypted
-// with the AWS-managed key, which needs no KMS grant), or an existing one by ARN.
+// newSinkStream is the Kinesis stream the workers deliver to, unless the
+// kinesisStream knob chose stdout: created here (the default; on demand, so no shard
+// count to size; encrypted with the AWS-managed key, which needs no KMS grant), or
+// an existing one by ARN.
 func newSinkStream(stack awscdk.Stack, cfg Config) (awskinesis.IStream, *string) {
-	switch cfg.KinesisStream {
-	case "":
+	switch {
+	case cfg.SinkIsStdout():
 		return nil, nil
-	case KinesisCreate:
+	case cfg.KinesisStream == KinesisCreate:
 		s := awskinesis.NewStream(stack, jsii.String("Messages"), &awskinesis.StreamProps{
 			StreamMode:      awskinesis.StreamMode_ON_DEMAND,
 			Encryption:      awskinesis.StreamEncryption_MANAGED,
@@ -404,12 +423,32 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 			OperatingSystemFamily: awsecs.OperatingSystemFamily_LINUX(),
 		},
 	})
-	// Leases: acquire, renew, checkpoint and release are UpdateItem; the registry
-	// item is Put/Update/Delete; GetItem reads an item back after an ambiguous
-	// write; Query on the lease_owner index finds what the worker still holds;
-	// BatchGetItem is the backstop read of its own connections.
+	// Leases: acquire, renew, checkpoint and release are UpdateItem; GetItem reads
+	// an item back after an ambiguous write; Query on the lease_owner index finds
+	// what the worker still holds; BatchGetItem is the backstop read of its own
+	// connections.
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
-		jsii.String("dynamodb:PutItem"), jsii.String("dynamodb:DeleteItem"), jsii.String("dynamodb:Query"))
+		jsii.String("dynamodb:Query"))
+	// The worker's only PutItem and DeleteItem calls are on its own registry item
+	// (shared/registry: Join and, in polling mode, Put and Delete), never on a
+	// connection item, so both are limited to WORKER# keys. dynamodb:LeadingKeys is
+	// the partition key values a request touches; ForAllValues requires every one of
+	// them to match. Put and Delete act on the base table only.
+	task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("dynamodb:PutItem", "dynamodb:DeleteItem"),
+		Resources: jsii.Strings(*p.table.TableArn()),
+		Conditions: &map[string]any{
+			"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": []string{schema.WorkerPrefix + "*"}},
+		},
+	}))
+	// The start-up pass (owner.ScanCandidates) scans the base table once per worker
+	// start for STARTED connections without a live owner. Scan on the table's ARN
+	// only: an index is a resource of its own (TABLE/index/NAME), and no index is
+	// scanned. A statement rather than table.Grant, which would add the indexes.
+	task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("dynamodb:Scan"),
+		Resources: jsii.Strings(*p.table.TableArn()),
+	}))
 	// Connection specs' {{secret:NAME}} references: read, and only under the prefix
 	// the operator chose (docs/CONNECTIONS.md).
 	if cfg.SecretsPrefix != "" {
@@ -419,6 +458,23 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 				Service: jsii.String("secretsmanager"), Resource: jsii.String("secret"),
 				ResourceName: jsii.String(cfg.SecretsPrefix + "*"), ArnFormat: awscdk.ArnFormat_COLON_RESOURCE_NAME,
 			})),
+		}))
+	}
+
+	// Customer-managed KMS keys: exactly the action each use needs, on that key.
+	// A Kinesis producer needs kms:GenerateDataKey on an SSE-KMS stream's key;
+	// GetSecretValue needs kms:Decrypt on the secret's key. The AWS-managed keys
+	// (alias/aws/kinesis, aws/secretsmanager) need neither.
+	if cfg.KinesisKMSKeyARN != "" {
+		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:   jsii.Strings("kms:GenerateDataKey"),
+			Resources: jsii.Strings(cfg.KinesisKMSKeyARN),
+		}))
+	}
+	if cfg.SecretsKMSKeyARN != "" {
+		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+			Actions:   jsii.Strings("kms:Decrypt"),
+			Resources: jsii.Strings(cfg.SecretsKMSKeyARN),
 		}))
 	}
 
@@ -473,21 +529,20 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 			StartPeriod: awscdk.Duration_Seconds(jsii.Number(30)),
 		},
 		StopTimeout: awscdk.Duration_Seconds(jsii.Number(stopTimeoutSeconds)),
-		Logging: awsecs.LogDriver_AwsLogs(&awsecs.AwsLogDriverProps{
-			LogGroup:     logs,
-			StreamPrefix: jsii.String("worker"),
-			// A slow log pipeline must never block the process writing logs: a
-			// blocked stdout would stall renewals and force self-fencing.
-			Mode:          awsecs.AwsLogDriverMode_NON_BLOCKING,
-			MaxBufferSize: awscdk.Size_Mebibytes(jsii.Number(25)),
-		}),
+		Logging:     workerLogDriver(logs, p.sink == nil),
 	})
 
 	service := awsecs.NewFargateService(stack, jsii.String("WorkerService"), &awsecs.FargateServiceProps{
 		Cluster:        p.cluster,
 		TaskDefinition: task,
 		ServiceName:    jsii.String(p.serviceName),
-		DesiredCount:   jsii.Number(float64(cfg.DesiredCount)),
+		// No DesiredCount: autoscaling owns the count. CloudFormation writes a
+		// template's DesiredCount on every update of the service, so a fixed one would
+		// reset a scaled-out fleet to it on each deploy. Without it, CloudFormation
+		// creates the service with one task and leaves the count alone on updates;
+		// registering the scalable target below (MinCapacity = desiredCount) then
+		// raises an active service into its [min, max] range at once
+		// (Application Auto Scaling, RegisterScalableTarget).
 		// Deploys start new tasks before stopping old ones, so capacity never dips
 		// while the old tasks drain and hand their connections over.
 		MinHealthyPercent: jsii.Number(100),
@@ -525,6 +580,34 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 	return service
 }
 
+// workerLogDriver ships the worker container's stdout and stderr to logs.
+//
+// With a Kinesis sink the pipe carries diagnostics only, and a slow log pipeline must
+// never block the process writing them: the driver runs non-blocking with a 25 MiB
+// buffer, and drops lines when it is full.
+//
+// With the stdout sink the pipe carries the messages themselves, and the worker counts
+// a batch delivered (and may checkpoint past it) once its write returns. A
+// non-blocking driver would accept a write and then drop it from a full buffer, a
+// silent loss. So the driver runs in blocking mode (the awslogs default): a full
+// pipeline blocks the write, the worker's sink write timeout (SOCKFLEET_SINK_TIMEOUT)
+// abandons it, the batch counts as failed and is retried (docs/SINKS.md). The cost
+// is that log lines on stderr wait too while the pipeline is stalled. Even so the
+// driver, not CloudWatch, acknowledges a line; the Kinesis sink acknowledges a record
+// only once the stream stored it, and is why it is the default.
+func workerLogDriver(logs awslogs.ILogGroup, stdoutSink bool) awsecs.LogDriver {
+	props := &awsecs.AwsLogDriverProps{
+		LogGroup:      logs,
+		StreamPrefix:  jsii.String("worker"),
+		Mode:          awsecs.AwsLogDriverMode_NON_BLOCKING,
+		MaxBufferSize: awscdk.Size_Mebibytes(jsii.Number(25)),
+	}
+	if stdoutSink {
+		props.Mode, props.MaxBufferSize = awsecs.AwsLogDriverMode_BLOCKING, nil
+	}
+	return awsecs.LogDriver_AwsLogs(props)
+}
+
 // reconcilerMetric is one of the reconciler's own metrics. It emits them without
 // dimensions: the stack name is fixed, so there is one deployment per account and
 // region.
@@ -550,7 +633,7 @@ func fleetMetric(serviceName, name, stat string, minutes float64) awscloudwatch.
 
 // newAlarms defines the alarms, all notifying alarmTopic.
 func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Function, service awsecs.FargateService,
-	failures, alarmTopic awssns.ITopic, serviceName string) []awscloudwatch.IAlarm {
+	cluster awsecs.ICluster, failures, alarmTopic awssns.ITopic, serviceName string) []awscloudwatch.IAlarm {
 	var alarms []awscloudwatch.IAlarm
 	add := func(id string, props *awscloudwatch.AlarmProps) {
 		a := awscloudwatch.NewAlarm(stack, jsii.String(id+"Alarm"), props)
@@ -581,6 +664,50 @@ func newAlarms(stack awscdk.Stack, table awsdynamodb.TableV2, fn awslambda.Funct
 		Threshold:          jsii.Number(1),
 		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
 		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// Throttled invocations delay wakeups (stream batches wait and retry) and sweeps.
+	add("ReconcilerThrottles", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("The reconciler was throttled: wakeups and sweeps are delayed (check the account's Lambda concurrency)."),
+		Metric: fn.MetricThrottles(&awscloudwatch.MetricOptions{
+			Statistic: jsii.String("Sum"), Period: awscdk.Duration_Minutes(jsii.Number(5)),
+		}),
+		Threshold:          jsii.Number(1),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(1),
+		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
+	})
+	// Fewer workers running than ECS wants, for 5 minutes in a row: tasks that fail
+	// to start or keep crashing (image pull, secrets, health check). A scale-out or a
+	// deploy closes the gap within a minute or two. Container Insights (enabled on
+	// the cluster) publishes both counts per service, every minute.
+	taskCount := func(name string) awscloudwatch.IMetric {
+		return awscloudwatch.NewMetric(&awscloudwatch.MetricProps{
+			Namespace:  jsii.String("ECS/ContainerInsights"),
+			MetricName: jsii.String(name),
+			DimensionsMap: &map[string]*string{
+				"ClusterName": cluster.ClusterName(),
+				"ServiceName": service.ServiceName(),
+			},
+			Statistic: jsii.String("Average"),
+			Period:    awscdk.Duration_Minutes(jsii.Number(1)),
+		})
+	}
+	add("WorkersBelowDesired", &awscloudwatch.AlarmProps{
+		AlarmDescription: jsii.String("Fewer worker tasks are running than the service wants, for 5 minutes: tasks fail to start or keep stopping."),
+		Metric: awscloudwatch.NewMathExpression(&awscloudwatch.MathExpressionProps{
+			Expression: jsii.String("desired - running"),
+			UsingMetrics: &map[string]awscloudwatch.IMetric{
+				"desired": taskCount("DesiredTaskCount"),
+				"running": taskCount("RunningTaskCount"),
+			},
+			Label:  jsii.String("worker tasks missing"),
+			Period: awscdk.Duration_Minutes(jsii.Number(1)),
+		}),
+		Threshold:          jsii.Number(0),
+		ComparisonOperator: awscloudwatch.ComparisonOperator_GREATER_THAN_THRESHOLD,
+		EvaluationPeriods:  jsii.Number(5),
+		DatapointsToAlarm:  jsii.Number(5),
 		TreatMissingData:   awscloudwatch.TreatMissingData_NOT_BREACHING,
 	})
 	// Stream lag is failover latency: a minute behind for 3 minutes is an incident.

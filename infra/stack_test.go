@@ -184,6 +184,13 @@ func only(t *testing.T, tpl obj, typ string, keep func(props obj) bool) (string,
 	return ids[0], found
 }
 
+// onlyID returns the logical id of the one resource of type typ.
+func onlyID(t *testing.T, tpl obj, typ string) string {
+	t.Helper()
+	id, _ := only(t, tpl, typ, nil)
+	return id
+}
+
 // path walks nested objects and arrays: path(x, "A", 0, "B").
 func path(v any, keys ...any) any {
 	for _, k := range keys {
@@ -426,7 +433,8 @@ func TestReconcilerFunction(t *testing.T) {
 func TestNetwork(t *testing.T) {
 	tpl, j := template(t)
 	x := findIDs(t, j)
-	// The workers' only ingress: the reconciler's group, on the wakeup port.
+	// The workers' ingress: the wakeup port, from the reconciler's group (wakeups)
+	// and from the workers' own group (handoff calls between workers), nothing else.
 	if in := path(j, "Resources", x.workerSG, "Properties", "SecurityGroupIngress"); in != nil {
 		t.Errorf("worker security group has inline ingress %v", in)
 	}
@@ -437,22 +445,24 @@ func TestNetwork(t *testing.T) {
 			rules = append(rules, p)
 		}
 	}
-	if len(rules) != 1 {
-		t.Fatalf("worker ingress rules: got %d, want 1: %v", len(rules), rules)
+	wantRule := func(source string) obj {
+		return obj{"IpProtocol": "tcp", "FromPort": schema.DefaultWakeupPort, "ToPort": schema.DefaultWakeupPort,
+			"SourceSecurityGroupId": getAtt(source, "GroupId")}
 	}
-	r := rules[0]
-	wantSame(t, "worker ingress", obj{
-		"IpProtocol": r["IpProtocol"], "FromPort": r["FromPort"], "ToPort": r["ToPort"],
-		"SourceSecurityGroupId": r["SourceSecurityGroupId"],
-	}, obj{
-		"IpProtocol": "tcp", "FromPort": schema.DefaultWakeupPort, "ToPort": schema.DefaultWakeupPort,
-		"SourceSecurityGroupId": getAtt(x.reconcilerSG, "GroupId"),
-	})
-	for _, k := range []string{"CidrIp", "CidrIpv6", "SourcePrefixListId"} {
-		if r[k] != nil {
-			t.Errorf("worker ingress has %s %v", k, r[k])
+	var got []obj
+	for _, r := range rules {
+		got = append(got, obj{"IpProtocol": r["IpProtocol"], "FromPort": r["FromPort"], "ToPort": r["ToPort"],
+			"SourceSecurityGroupId": r["SourceSecurityGroupId"]})
+		for _, k := range []string{"CidrIp", "CidrIpv6", "SourcePrefixListId"} {
+			if r[k] != nil {
+				t.Errorf("worker ingress has %s %v", k, r[k])
+			}
 		}
 	}
+	slices.SortFunc(got, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	want := []obj{wantRule(x.reconcilerSG), wantRule(x.workerSG)}
+	slices.SortFunc(want, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	wantSame(t, "worker ingress rules (reconciler wakeups, worker-to-worker handoffs)", got, want)
 	// The reconciler may only reach the workers' wakeup port and HTTPS.
 	check(t, "reconciler egress to workers", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::EC2::SecurityGroupEgress"), &map[string]any{
@@ -468,7 +478,9 @@ func TestNetwork(t *testing.T) {
 		"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443,
 		"Description": path(j, "Resources", x.reconcilerSG, "Properties", "SecurityGroupEgress", 0, "Description"),
 	}})
-	check(t, "one NAT gateway", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1)) })
+	// One NAT gateway per AZ by default, so an AZ outage cuts off only its own
+	// workers; natGateways=1 shares one (TestOneNatGateway).
+	check(t, "a NAT gateway per AZ", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(2)) })
 	check(t, "DynamoDB gateway endpoint", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::EC2::VPCEndpoint"), assertions.Match_ObjectLike(&map[string]any{
 			"VpcEndpointType": "Gateway",
@@ -482,9 +494,10 @@ func TestNetwork(t *testing.T) {
 
 // statement is one IAM statement of a role, with its actions as a list.
 type statement struct {
-	policy   string
-	actions  []string
-	resource any
+	policy    string
+	actions   []string
+	resource  any
+	condition any
 }
 
 func roleStatements(j obj) map[string][]statement {
@@ -501,7 +514,7 @@ func roleStatements(j obj) map[string][]statement {
 					acts = append(acts, fmt.Sprint(x))
 				}
 			}
-			out[role] = append(out[role], statement{policy: policy, actions: acts, resource: path(s, "Resource")})
+			out[role] = append(out[role], statement{policy: policy, actions: acts, resource: path(s, "Resource"), condition: path(s, "Condition")})
 		}
 	}
 	for id, r := range resources(j, "AWS::IAM::Policy") {
@@ -552,8 +565,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 	}
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
-		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem",
-		"secretsmanager:GetSecretValue",
+		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
+		"dynamodb:UpdateItem", "kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords", "secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
@@ -579,6 +592,12 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			switch {
 			case slices.Contains(s.actions, "dynamodb:GetItem"):
 				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
+			case slices.Contains(s.actions, "dynamodb:PutItem") && role == x.taskRole:
+				// Worker items only: TestWorkerPutDeleteOnlyWorkerItems checks it.
+			case slices.Contains(s.actions, "dynamodb:Scan") && role == x.taskRole:
+				// The start-up pass scans the base table, never an index.
+				wantSame(t, role+" Scan actions", s.actions, []string{"dynamodb:Scan"})
+				wantSame(t, role+" Scan resource", s.resource, getAtt(x.table, "Arn"))
 			case slices.Contains(s.actions, "dynamodb:GetRecords"):
 				wantSame(t, role+" stream resources", s.resource, getAtt(x.table, "StreamArn"))
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue") && role == x.taskRole:
@@ -588,6 +607,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				}
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue"):
 				wantSame(t, role+" secret resource", s.resource, ref(x.secret))
+			case slices.Contains(s.actions, "kinesis:PutRecords") && role == x.taskRole:
+				// The default sink's stream: TestKinesisSinkCreated checks the resource.
 			case slices.Contains(s.actions, "sns:Publish"):
 				wantSame(t, role+" topic resource", s.resource, ref(x.failureTopic))
 			default:
@@ -665,6 +686,8 @@ func TestWorkerTask(t *testing.T) {
 		schema.EnvSkewMargin:     "2s",
 		schema.EnvDrainTimeout:   "60s",
 		schema.EnvServiceName:    stackName + "-worker",
+		// The default sink: the stream the stack creates.
+		schema.EnvSink: obj{"Fn::Join": []any{"", []any{"kinesis:", ref(onlyID(t, j, "AWS::Kinesis::Stream"))}}},
 	})
 	if _, ok := env[schema.EnvWakeupSecret]; ok {
 		t.Errorf("the wakeup secret is a plain environment variable")
@@ -694,10 +717,12 @@ func TestWorkerService(t *testing.T) {
 	})
 	check(t, "service", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::ECS::Service"), assertions.Match_ObjectLike(&map[string]any{
-			"Cluster":      ref(x.cluster),
-			"LaunchType":   "FARGATE",
-			"DesiredCount": cfg.DesiredCount,
-			"ServiceName":  stackName + "-worker",
+			"Cluster":     ref(x.cluster),
+			"LaunchType":  "FARGATE",
+			"ServiceName": stackName + "-worker",
+			// Autoscaling owns the count: a DesiredCount here would be re-applied
+			// by every stack update, resetting a scaled-out fleet.
+			"DesiredCount": assertions.Match_Absent(),
 			"DeploymentConfiguration": assertions.Match_ObjectLike(&map[string]any{
 				"DeploymentCircuitBreaker": obj{"Enable": true, "Rollback": true},
 				"MinimumHealthyPercent":    100,
@@ -765,6 +790,12 @@ func TestOperations(t *testing.T) {
 		},
 		"failed stream batches": {
 			"Namespace": "AWS/SNS", "MetricName": "NumberOfMessagesPublished",
+			"Dimensions": []any{obj{"Name": "TopicName", "Value": getAtt(x.failureTopic, "TopicName")}},
+		},
+		"reconciler throttles": {
+			"Namespace": "AWS/Lambda", "MetricName": "Throttles", "Statistic": "Sum", "Threshold": 1,
+			"ComparisonOperator": "GreaterThanOrEqualToThreshold",
+			"Dimensions":         []any{obj{"Name": "FunctionName", "Value": ref(x.reconciler)}},
 		},
 	}
 	for name, props := range alarms {
@@ -793,6 +824,43 @@ func TestDockerignore(t *testing.T) {
 	for _, want := range []string{"cdk.out", "infra", ".tools", ".local", ".git"} {
 		if !slices.Contains(lines, want) {
 			t.Errorf(".dockerignore does not exclude %s", want)
+		}
+	}
+}
+
+// README, "Deploying to AWS": what a fresh account and the deployer's machine need,
+// and every context knob in the table.
+func TestReadmeDeploying(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	start := strings.Index(doc, "\n## Deploying to AWS\n")
+	if start < 0 {
+		t.Fatal(`README.md has no "## Deploying to AWS" section`)
+	}
+	section := doc[start+1:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	for _, want := range []string{
+		"aws iam create-service-linked-role --aws-service-name ecs.amazonaws.com",
+		"Unable to assume the service linked role",
+		"linux/arm64", "docker buildx ls", "### First deploy",
+		".tools/deploy/node_modules/.bin/cdk bootstrap",
+	} {
+		if !strings.Contains(section, want) {
+			t.Errorf("README, Deploying to AWS, does not say %q", want)
+		}
+	}
+	ctx, err := cdkContext()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key := range ctx {
+		if !strings.HasPrefix(key, "@") && !strings.Contains(section, "| `"+key+"` |") {
+			t.Errorf("README's knob table has no row for %s", key)
 		}
 	}
 }
@@ -826,10 +894,22 @@ func kinesisStatements(j obj) map[string][]statement {
 
 var kinesisWrite = []string{"kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords"}
 
-// By default (cdk.json) there is no stream: workers write to stdout, no role may
-// touch Kinesis.
+// workerLogOptions returns the worker container's awslogs options.
+func workerLogOptions(t *testing.T, j obj) obj {
+	t.Helper()
+	_, task := only(t, j, "AWS::ECS::TaskDefinition", nil)
+	if d := path(task, "ContainerDefinitions", 0, "LogConfiguration", "LogDriver"); d != "awslogs" {
+		t.Fatalf("worker log driver %v, want awslogs", d)
+	}
+	opts, _ := path(task, "ContainerDefinitions", 0, "LogConfiguration", "Options").(obj)
+	return opts
+}
+
+// kinesisStream=stdout: no stream, workers write to stdout, no role may touch
+// Kinesis, and the log driver blocks rather than drop lines the worker counted as
+// delivered.
 func TestKinesisSinkOff(t *testing.T) {
-	tpl, j := template(t)
+	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: "stdout"})
 	check(t, "no stream", func() { tpl.ResourceCountIs(jsii.String("AWS::Kinesis::Stream"), jsii.Number(0)) })
 	if v, ok := workerEnv(t, j)[schema.EnvSink]; ok {
 		t.Errorf("%s set to %v without a stream", schema.EnvSink, v)
@@ -837,12 +917,18 @@ func TestKinesisSinkOff(t *testing.T) {
 	if k := kinesisStatements(j); len(k) != 0 {
 		t.Errorf("Kinesis grants without a stream: %v", k)
 	}
+	opts := workerLogOptions(t, j)
+	wantSame(t, "log delivery mode with the stdout sink", opts["mode"], "blocking")
+	if v, ok := opts["max-buffer-size"]; ok {
+		t.Errorf("max-buffer-size %v with the stdout sink: a buffer that drops when full loses messages", v)
+	}
 }
 
-// kinesisStream=create: an on-demand encrypted stream, written by the task role
-// only, named in the worker's SOCKFLEET_SINK.
+// The default (cdk.json, kinesisStream=create): an on-demand encrypted stream,
+// written by the task role only, named in the worker's SOCKFLEET_SINK; the log
+// pipe carries diagnostics only, so it never blocks the worker.
 func TestKinesisSinkCreated(t *testing.T) {
-	tpl, j := synthWith(t, map[string]any{ctxKinesisStream: KinesisCreate})
+	tpl, j := template(t)
 	x := findIDs(t, j)
 	check(t, "on-demand encrypted stream", func() {
 		tpl.HasResourceProperties(jsii.String("AWS::Kinesis::Stream"), assertions.Match_ObjectLike(&map[string]any{
@@ -861,6 +947,8 @@ func TestKinesisSinkCreated(t *testing.T) {
 	for _, s := range grants[x.taskRole] {
 		wantSame(t, "task role Kinesis resource", s.resource, getAtt(id, "Arn"))
 	}
+	opts := workerLogOptions(t, j)
+	wantSame(t, "log delivery mode with the Kinesis sink", []any{opts["mode"], opts["max-buffer-size"]}, []any{"non-blocking", "26214400b"})
 }
 
 // kinesisStream=ARN: an existing stream, no new one; the grant names that ARN.
@@ -877,5 +965,148 @@ func TestKinesisSinkExisting(t *testing.T) {
 	wantSame(t, "task role Kinesis actions", actionSet(grants[x.taskRole]), kinesisWrite)
 	for _, s := range grants[x.taskRole] {
 		wantSame(t, "task role Kinesis resource", s.resource, arn)
+	}
+}
+
+// kmsStatements returns, per role, the statements granting KMS actions.
+func kmsStatements(j obj) map[string][]statement {
+	out := map[string][]statement{}
+	for role, stmts := range roleStatements(j) {
+		for _, s := range stmts {
+			for _, a := range s.actions {
+				if strings.HasPrefix(a, "kms:") {
+					out[role] = append(out[role], s)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Customer-managed keys: an imported stream's (producers need kms:GenerateDataKey)
+// and the connection secrets' (GetSecretValue needs kms:Decrypt), each exactly that
+// action on exactly that key, for the task role only. Without the knobs no role
+// has any KMS action.
+func TestKMSKeys(t *testing.T) {
+	_, d := template(t)
+	if k := kmsStatements(d); len(k) != 0 {
+		t.Errorf("KMS grants without customer-managed keys: %v", k)
+	}
+	const (
+		stream     = "arn:aws:kinesis:eu-west-1:123456789012:stream/feed"
+		streamKey  = "arn:aws:kms:eu-west-1:123456789012:key/11111111-2222-3333-4444-555555555555"
+		secretsKey = "arn:aws:kms:eu-west-1:123456789012:key/66666666-7777-8888-9999-000000000000"
+	)
+	_, j := synthWith(t, map[string]any{ctxKinesisStream: stream, "kinesisKmsKeyArn": streamKey, "connectionSecretsKmsKeyArn": secretsKey})
+	x := findIDs(t, j)
+	grants := kmsStatements(j)
+	if len(grants) != 1 || grants[x.taskRole] == nil {
+		t.Fatalf("KMS grants %v; want the task role's only", grants)
+	}
+	var got []obj
+	for _, s := range grants[x.taskRole] {
+		got = append(got, obj{"actions": s.actions, "resource": s.resource, "condition": s.condition})
+	}
+	slices.SortFunc(got, func(a, b obj) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	wantSame(t, "task role KMS statements", got, []obj{
+		{"actions": []string{"kms:Decrypt"}, "resource": secretsKey, "condition": nil},
+		{"actions": []string{"kms:GenerateDataKey"}, "resource": streamKey, "condition": nil},
+	})
+}
+
+// The worker's PutItem and DeleteItem reach only worker items (WORKER#…): one
+// statement, on the base table, with the dynamodb:LeadingKeys condition.
+func TestWorkerPutDeleteOnlyWorkerItems(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var found []statement
+	for _, s := range roleStatements(j)[x.taskRole] {
+		if slices.Contains(s.actions, "dynamodb:PutItem") || slices.Contains(s.actions, "dynamodb:DeleteItem") {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("task role statements with PutItem or DeleteItem: %+v; want one", found)
+	}
+	s := found[0]
+	acts := slices.Sorted(slices.Values(s.actions))
+	wantSame(t, "actions", acts, []string{"dynamodb:DeleteItem", "dynamodb:PutItem"})
+	wantSame(t, "resource", s.resource, getAtt(x.table, "Arn"))
+	wantSame(t, "condition", s.condition, obj{
+		"ForAllValues:StringLike": obj{"dynamodb:LeadingKeys": []any{schema.WorkerPrefix + "*"}},
+	})
+}
+
+// natGateways=1: one NAT gateway shared by both AZs.
+func TestOneNatGateway(t *testing.T) {
+	tpl, _ := synthWith(t, map[string]any{"natGateways": 1})
+	check(t, "one NAT gateway", func() { tpl.ResourceCountIs(jsii.String("AWS::EC2::NatGateway"), jsii.Number(1)) })
+}
+
+// dependsOnRoutes returns the default routes among a resource's DependsOn.
+func dependsOnRoutes(j obj, id string) []string {
+	var out []string
+	for _, d := range asSlice(path(j, "Resources", id, "DependsOn")) {
+		dep := fmt.Sprint(d)
+		if path(j, "Resources", dep, "Type") == "AWS::EC2::Route" {
+			out = append(out, dep)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The service starts no task before the private subnets' default routes exist, as
+// the Lambda in the same subnets does not.
+func TestServiceWaitsForRoutes(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var private []string
+	for id, r := range resources(j, "AWS::EC2::Route") {
+		if strings.Contains(id, "Private") && path(r, "Properties", "DestinationCidrBlock") == "0.0.0.0/0" {
+			private = append(private, id)
+		}
+	}
+	slices.Sort(private)
+	if len(private) == 0 {
+		t.Fatal("no default routes of private subnets in the template")
+	}
+	wantSame(t, "the reconciler's route dependencies", dependsOnRoutes(j, x.reconciler), private)
+	wantSame(t, "the worker service's route dependencies", dependsOnRoutes(j, x.service), private)
+}
+
+// An alarm when fewer worker tasks run than the service wants, from Container
+// Insights' per-service counts.
+func TestWorkersBelowDesiredAlarm(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	_, alarm := only(t, j, "AWS::CloudWatch::Alarm", func(p obj) bool {
+		for _, m := range asSlice(p["Metrics"]) {
+			if path(m, "Expression") == "desired - running" {
+				return true
+			}
+		}
+		return false
+	})
+	byID := map[string]any{}
+	for _, m := range asSlice(alarm["Metrics"]) {
+		byID[fmt.Sprint(path(m, "Id"))] = m
+	}
+	for id, name := range map[string]string{"desired": "DesiredTaskCount", "running": "RunningTaskCount"} {
+		m := byID[id]
+		wantSame(t, id+" metric", path(m, "MetricStat", "Metric"), obj{
+			"Namespace": "ECS/ContainerInsights", "MetricName": name,
+			"Dimensions": []any{
+				obj{"Name": "ClusterName", "Value": ref(x.cluster)},
+				obj{"Name": "ServiceName", "Value": getAtt(x.service, "Name")},
+			},
+		})
+		wantSame(t, id+" period", path(m, "MetricStat", "Period"), 60)
+	}
+	wantSame(t, "threshold", []any{alarm["ComparisonOperator"], alarm["Threshold"], alarm["EvaluationPeriods"], alarm["DatapointsToAlarm"]},
+		[]any{"GreaterThanThreshold", 0, 5, 5})
+	if alarm["AlarmActions"] == nil {
+		t.Error("the alarm notifies nobody")
 	}
 }

@@ -1,5 +1,6 @@
 // Package dynoxide finds and starts dynoxide, the local DynamoDB engine (with
-// Streams) that `make tools` installs under .tools/. Tests and `make run` use it.
+// Streams) that `make local-tools` installs under .tools/local. Tests and `make run`
+// use it.
 package dynoxide
 
 import (
@@ -9,13 +10,14 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/local/localengine"
+	"github.com/sockfleet/sockfleet/shared/local/npmtools"
 )
 
 // BinaryEnv overrides where the engine binary is looked for.
 const BinaryEnv = "SOCKFLEET_DYNOXIDE"
 
-// binRel is where `make tools` installs the engine, relative to the repo root.
-const binRel = ".tools/node_modules/@dynoxide/linux-x64/dynoxide"
+// binRel is where `make local-tools` installs the engine, relative to the repo root.
+const binRel = npmtools.LocalModules + "/@dynoxide/linux-x64/dynoxide"
 
 // Proc is a running engine: its Endpoint is http://127.0.0.1:PORT, and Stop ends it
 // (SIGTERM, then SIGKILL after a second).
@@ -47,9 +49,9 @@ func Start(o Options) (*Proc, error) {
 	})
 }
 
-// FindBinary returns the engine binary: $SOCKFLEET_DYNOXIDE, or .tools/… in this or
+// FindBinary returns the engine binary: $SOCKFLEET_DYNOXIDE, or .tools/local/… in this or
 // a parent directory. Its error says how to install it.
 func FindBinary() (string, error) {
 	return localengine.Find(BinaryEnv, binRel, "",
-		"the local DynamoDB engine (dynoxide) is not installed: run `make tools` in the repository root (make test and make run do this), or set "+BinaryEnv)
+		"the local DynamoDB engine (dynoxide) is not installed: run `make local-tools` (or `make tools`, which also installs the CDK CLI) in the repository root (make test and make run do this), or set "+BinaryEnv)
 }

@@ -1,6 +1,6 @@
 // Package kinesalite finds and starts kinesalite, the local Kinesis Data Streams
-// engine (npm, on LevelDB with a prebuilt native module) that `make tools` installs
-// under .tools/. Tests and `make run` use it.
+// engine (npm, on LevelDB with a prebuilt native module) that `make local-tools`
+// installs under .tools/local. Tests and `make run` use it.
 package kinesalite
 
 import (
@@ -11,13 +11,14 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/local/localengine"
+	"github.com/sockfleet/sockfleet/shared/local/npmtools"
 )
 
 // DirEnv overrides where the kinesalite package is looked for.
 const DirEnv = "SOCKFLEET_KINESALITE"
 
-// dirRel is where `make tools` installs the engine, relative to the repo root.
-const dirRel = ".tools/node_modules/kinesalite"
+// dirRel is where `make local-tools` installs the engine, relative to the repo root.
+const dirRel = npmtools.LocalModules + "/kinesalite"
 
 // launcher binds kinesalite to loopback (its own CLI listens on every interface)
 // and makes streams ACTIVE at once instead of after 500 ms.
@@ -48,7 +49,7 @@ func Start(o Options) (*Proc, error) {
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
-		return nil, errors.New("kinesalite needs Node.js (node) on PATH: install Node.js ≥ 20, then run `make tools`")
+		return nil, errors.New("kinesalite needs Node.js (node) on PATH: install Node.js ≥ 20, then run `make local-tools` (or `make tools`)")
 	}
 	return localengine.Start(localengine.Spec{
 		Name: "kinesalite", Port: o.Port, Ready: 15 * time.Second, Log: o.Log,
@@ -61,8 +62,8 @@ func Start(o Options) (*Proc, error) {
 }
 
 // FindDir returns the kinesalite package directory: $SOCKFLEET_KINESALITE, or
-// .tools/… in this or a parent directory. Its error says how to install it.
+// .tools/local/… in this or a parent directory. Its error says how to install it.
 func FindDir() (string, error) {
 	return localengine.Find(DirEnv, dirRel, "index.js",
-		"the local Kinesis engine (kinesalite) is not installed: run `make tools` in the repository root (make test and make run do this), or set "+DirEnv)
+		"the local Kinesis engine (kinesalite) is not installed: run `make local-tools` (or `make tools`, which also installs the CDK CLI) in the repository root (make test and make run do this), or set "+DirEnv)
 }

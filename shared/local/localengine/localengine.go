@@ -1,5 +1,5 @@
 // Package localengine runs a local engine process (dynoxide, kinesalite) on a
-// loopback port: it finds what `make tools` installed under .tools/, starts the
+// loopback port: it finds what `make local-tools` installed under .tools/local, starts the
 // engine, waits until its port accepts connections, and stops it. shared/local/dynoxide
 // and shared/local/kinesalite say which engine and how to run it.
 //
