@@ -449,11 +449,12 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		Actions:   jsii.Strings("dynamodb:Scan"),
 		Resources: jsii.Strings(*p.table.TableArn()),
 	}))
-	// Connection specs' {{secret:NAME}} references: read, and only under the prefix
-	// the operator chose (docs/CONNECTIONS.md).
+	// Connection specs' {{secret:NAME}} references: read, with the tag naming the
+	// hosts each may be sent to (DescribeSecret), and only under the prefix the
+	// operator chose (docs/CONNECTIONS.md).
 	if cfg.SecretsPrefix != "" {
 		task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
-			Actions: jsii.Strings("secretsmanager:GetSecretValue"),
+			Actions: jsii.Strings("secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"),
 			Resources: jsii.Strings(*stack.FormatArn(&awscdk.ArnComponents{
 				Service: jsii.String("secretsmanager"), Resource: jsii.String("secret"),
 				ResourceName: jsii.String(cfg.SecretsPrefix + "*"), ArnFormat: awscdk.ArnFormat_COLON_RESOURCE_NAME,

@@ -566,7 +566,7 @@ func TestIAMLeastPrivilege(t *testing.T) {
 
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
-		"dynamodb:UpdateItem", "kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords", "secretsmanager:GetSecretValue",
+		"dynamodb:UpdateItem", "kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords", "secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
@@ -601,9 +601,13 @@ func TestIAMLeastPrivilege(t *testing.T) {
 			case slices.Contains(s.actions, "dynamodb:GetRecords"):
 				wantSame(t, role+" stream resources", s.resource, getAtt(x.table, "StreamArn"))
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue") && role == x.taskRole:
-				// Connection secrets: only those under the prefix knob.
+				// Connection secrets: only those under the prefix knob, and their
+				// allowed-hosts tag (DescribeSecret) on exactly the same secrets.
 				if b, _ := json.Marshal(s.resource); !strings.Contains(string(b), ":secret:sockfleet/connections/*") {
 					t.Errorf("worker secret resource %s, want secrets under sockfleet/connections/", b)
+				}
+				if !slices.Contains(s.actions, "secretsmanager:DescribeSecret") {
+					t.Errorf("worker secret actions %v: want DescribeSecret beside GetSecretValue", s.actions)
 				}
 			case slices.Contains(s.actions, "secretsmanager:GetSecretValue"):
 				wantSame(t, role+" secret resource", s.resource, ref(x.secret))

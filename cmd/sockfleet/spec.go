@@ -15,7 +15,8 @@ import (
 const specUsage = `conn add flags (a connection's spec; each is optional, see docs/CONNECTIONS.md):
   --stopped                      create it STOPPED
   --spec FILE                    the spec as JSON, with the item's attribute names; flags override it
-  --header NAME=VALUE            handshake header (repeatable); VALUE may hold {{secret:NAME}} or {{secret:NAME#KEY}}
+  --header NAME=VALUE            handshake header (repeatable); VALUE may hold {{secret:NAME}} or {{secret:NAME#KEY}},
+                                 sent only if the secret's sockfleet:allowed-hosts tag allows the URL's host
   --subprotocol P                offered subprotocol (repeatable)
   --open-message TEXT            frame sent after every connect (repeatable, in order); {seq} {next} {conn}
   --open-expect SUBSTR           the reply the last --open-message awaits contains SUBSTR

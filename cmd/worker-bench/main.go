@@ -128,7 +128,7 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{dir: dir, worker: filepath.Join(dir, "worker"), up: filepath.Join(dir, "demo-upstream")}
-	if err := os.WriteFile(filepath.Join(dir, "secrets.json"), []byte(`{"bench/token":"bench-token-value"}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "secrets.json"), []byte(`{"bench/token":{"value":"bench-token-value","allowed_hosts":["127.0.0.1"]}}`), 0o600); err != nil {
 		return err
 	}
 	for bin, pkg := range map[string]string{b.worker: "./worker", b.up: "./cmd/demo-upstream"} {

@@ -26,7 +26,7 @@ const (
 	EnvConnectQuota = "SOCKFLEET_CONNECT_QUOTA" // N/DURATION new connections per upstream host, e.g. 300/5m; empty: none
 	EnvSeqReset     = "SOCKFLEET_SEQ_RESET"     // accept | halt; default accept (a spec's seq_reset overrides)
 	EnvMaxSeqJump   = "SOCKFLEET_MAX_SEQ_JUMP"  // a sequence more than this past the last is bad; default 0: no limit
-	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → value serving {{secret:NAME}} locally; empty: Secrets Manager
+	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → {"value", "allowed_hosts"} serving {{secret:NAME}} locally; empty: Secrets Manager
 	EnvSecretsTTL   = "SOCKFLEET_SECRETS_TTL"   // how long a secret value is cached; default 5m
 	EnvIdleTimeout  = "SOCKFLEET_IDLE_TIMEOUT"  // idle_timeout of a connection whose item sets none; default 5m, 0: off
 

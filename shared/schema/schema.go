@@ -162,10 +162,15 @@ func ParseState(s string) (State, error) {
 	return "", fmt.Errorf("%w %s %q: want %s or %s", ErrInvalid, AttrDesiredState, clip(s), Started, Stopped)
 }
 
-// ValidateURL accepts ws:// and wss:// URLs with a host, up to MaxURLLen bytes.
+// ValidateURL accepts ws:// and wss:// URLs with a host, up to MaxURLLen bytes. A
+// URL is never a template: a {{secret:…}} reference in it is refused, since it would
+// be sent as written (and a secret in the host would choose where secrets go).
 func ValidateURL(raw string) error {
 	if len(raw) > MaxURLLen {
 		return fmt.Errorf("%w %s: %d bytes, limit %d", ErrInvalid, AttrWSURL, len(raw), MaxURLLen)
+	}
+	if strings.Contains(raw, "{{secret:") {
+		return fmt.Errorf("%w %s: a {{secret:…}} reference is not substituted in the URL; send the credential in a header or an open message", ErrInvalid, AttrWSURL)
 	}
 	u, err := url.Parse(raw)
 	if err != nil {

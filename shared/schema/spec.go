@@ -67,6 +67,7 @@ const (
 	StatusSeqReset  = "seq_reset"  // halted on a reset of the upstream's numbering; the operator decides
 	StatusIdle      = "idle"       // no data message for idle_timeout
 	StatusQuotaWait = "quota_wait" // waiting for the per-host connect quota
+	StatusInvalid   = "invalid"    // the item is unusable as written (also an owner's: a secret not allowed to the host)
 )
 
 // Sequence-reset policies.

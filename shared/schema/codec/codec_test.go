@@ -49,6 +49,8 @@ func TestDecodeConnectionRejectsBadItems(t *testing.T) {
 		{"url http", with(func(it Item) { it[schema.AttrWSURL] = S("http://x/y") }), "scheme must be ws or wss"},
 		{"url no host", with(func(it Item) { it[schema.AttrWSURL] = S("ws:///path") }), "no host"},
 		{"url unparsable", with(func(it Item) { it[schema.AttrWSURL] = S("ws://[::1") }), "ws_url"},
+		{"url with a secret", with(func(it Item) { it[schema.AttrWSURL] = S("wss://h/x?token={{secret:feeds/token}}") }), "not substituted in the URL"},
+		{"secret as host", with(func(it Item) { it[schema.AttrWSURL] = S("wss://{{secret:db}}.example/x") }), "not substituted in the URL"},
 		{"url huge", with(func(it Item) { it[schema.AttrWSURL] = S("wss://h/" + strings.Repeat("a", 5000)) }), "limit 2048"},
 		{"version not a number", with(func(it Item) { it[schema.AttrLeaseVersion] = &types.AttributeValueMemberN{Value: "1.5"} }), "not an integer"},
 		{"version wrong type", with(func(it Item) { it[schema.AttrLeaseVersion] = S("3") }), "lease_version: type S, want N"},

@@ -186,6 +186,7 @@ type opts struct {
 	sinkDelay  time.Duration // each write of the handoff tests' ledger sink takes this long
 	idle       time.Duration // set: the fleet's idle_timeout (SOCKFLEET_IDLE_TIMEOUT)
 	stderr     io.Writer     // set: EMF metric lines go here
+	secrets    string        // set: the local secrets file (SOCKFLEET_SECRETS_FILE)
 	// transport, if set, carries the worker's table calls instead of its cutter.
 	transport http.RoundTripper
 }
@@ -230,6 +231,7 @@ func (e *env) worker(id string, o opts) *worker {
 	if o.idle > 0 {
 		cfg.IdleTimeout = o.idle
 	}
+	cfg.SecretsFile = o.secrets
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}

@@ -103,7 +103,7 @@ func (m *Manager) awaitReady(ctx context.Context, o *owned) string {
 		switch st := o.s.Status(); st.State {
 		case "streaming", schema.StatusIdle:
 			return ""
-		case "backoff":
+		case "backoff", schema.StatusInvalid: // invalid: not dialed (a secret not allowed to the host)
 			return "dial failed: " + st.Error
 		}
 		if m.Draining() {

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,10 +20,12 @@ import (
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
 
-// Secrets resolves the {{secret:…}} references of a spec (see package secrets).
-// Errors must not contain secret values.
+// Secrets resolves the {{secret:…}} references of a spec (see package secrets) for
+// the dial target dest ("host:port") the value goes out to, refusing a secret its
+// owner did not allow there with an error wrapping schema.ErrInvalid. Errors must
+// not contain secret values.
 type Secrets interface {
-	Resolve(ctx context.Context, ref schema.SecretRef) (string, error)
+	Resolve(ctx context.Context, ref schema.SecretRef, dest string) (string, error)
 	Forget(name string)
 }
 
@@ -109,6 +110,7 @@ func (e *haltError) Error() string {
 // socket is one dialed upstream socket.
 type socket struct {
 	conn    *websocket.Conn
+	dest    string  // the dial target, host:port: the only place its secrets may go
 	from    int64   // the resume point asked for: the counter's base
 	resumed bool    // a resume point was asked for (false: start at the upstream's latest)
 	pending []frame // frames read while awaiting open-message replies, handled first
@@ -232,11 +234,19 @@ func (s *Stream) session(ctx context.Context) error {
 
 // connect dials, sends the open messages and awaits their replies.
 func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket, error) {
-	conn, err := s.dial(ctx, from, resumed)
+	raw := s.URL()
+	dest, err := dialAddr(raw)
 	if err != nil {
 		return nil, err
 	}
-	sock := &socket{conn: conn, from: from, resumed: resumed, opened: time.Now()}
+	if err := s.checkSecrets(ctx, dest); err != nil {
+		return nil, err // not dialed: no secret leaves for a host its owner did not allow
+	}
+	conn, err := s.dial(ctx, raw, dest, from, resumed)
+	if err != nil {
+		return nil, err
+	}
+	sock := &socket{conn: conn, dest: dest, from: from, resumed: resumed, opened: time.Now()}
 	s.sockets.Add(1)
 	if err := s.open(ctx, sock); err != nil {
 		s.cfg.Metrics.OpenFailures.Add(1)
@@ -247,10 +257,9 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 	return sock, nil
 }
 
-// dial makes the handshake: resume point, the spec's headers (secrets substituted)
-// and subprotocols, after the per-host connect quota admits it.
-func (s *Stream) dial(ctx context.Context, from int64, resumed bool) (*websocket.Conn, error) {
-	raw := s.URL()
+// dial makes the handshake to raw (at dest): resume point, the spec's headers
+// (secrets substituted) and subprotocols, after the per-host connect quota admits it.
+func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed bool) (*websocket.Conn, error) {
 	target, hdr := raw, http.Header{}
 	if resumed {
 		t, h, err := s.set.resume.Apply(raw, from)
@@ -264,7 +273,7 @@ func (s *Stream) dial(ctx context.Context, from int64, resumed bool) (*websocket
 	}
 	spec := s.set.spec
 	for k, v := range spec.Headers {
-		val, err := s.expand(ctx, v, from)
+		val, err := s.expand(ctx, v, from, dest)
 		if err != nil {
 			return nil, fmt.Errorf("header %s: %w", k, err)
 		}
@@ -347,13 +356,10 @@ func (s *Stream) waitQuota(ctx context.Context, target string) (func(), error) {
 	return done, err
 }
 
-// expand fills a template: {seq} (the resume point), {next} ({seq}+1), {conn} (the
-// connection id), then {{secret:…}} references.
-func (s *Stream) expand(ctx context.Context, v string, seq int64) (string, error) {
-	if strings.ContainsRune(v, '{') {
-		v = strings.NewReplacer("{seq}", strconv.FormatInt(seq, 10), "{next}", strconv.FormatInt(seq+1, 10),
-			"{conn}", s.id).Replace(v)
-	}
+// expand fills a template sent to dest: {seq} (the resume point), {next} ({seq}+1),
+// {conn} (the connection id), then {{secret:…}} references.
+func (s *Stream) expand(ctx context.Context, v string, seq int64, dest string) (string, error) {
+	v = s.placeholders(v, seq)
 	if !strings.Contains(v, "{{secret:") {
 		return v, nil
 	}
@@ -363,7 +369,7 @@ func (s *Stream) expand(ctx context.Context, v string, seq int64) (string, error
 	out, err := schema.ReplaceSecrets(v, func(r schema.SecretRef) (string, error) {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		return s.cfg.Secrets.Resolve(rctx, r)
+		return s.cfg.Secrets.Resolve(rctx, r, dest)
 	})
 	if err != nil {
 		s.cfg.Metrics.SecretErrors.Add(1)
@@ -385,7 +391,7 @@ func (s *Stream) open(ctx context.Context, sock *socket) error {
 	for i, m := range msgs {
 		kind, data := websocket.BinaryMessage, m.Binary
 		if !m.IsBinary {
-			text, err := s.expand(ctx, m.Text, sock.from)
+			text, err := s.expand(ctx, m.Text, sock.from, sock.dest)
 			if err != nil {
 				return fmt.Errorf("%s[%d]: %w", schema.AttrOpenMessages, i, err)
 			}

@@ -181,7 +181,7 @@ func TestSecretHeaderReachesHandshakeOnly(t *testing.T) {
 	up := upstream(t, demoupstream.Config{Rate: 200, Rules: demoupstream.Rules{
 		Header: "Authorization", HeaderValue: "Bearer " + value, Subprotocol: "v2.feed"}})
 	file := filepath.Join(t.TempDir(), "secrets.json")
-	if err := os.WriteFile(file, []byte(`{"feed/token":"wrong-value-1"}`), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(`{"feed/token":{"value":"wrong-value-1","allowed_hosts":["127.0.0.1"]}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
@@ -202,7 +202,7 @@ func TestSecretHeaderReachesHandshakeOnly(t *testing.T) {
 		return strings.Contains(s.Status().Error, "401")
 	})
 	// Rotate the secret: the refused handshake made the stream forget the old value.
-	if err := os.WriteFile(file, []byte(`{"feed/token":"`+value+`"}`), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(`{"feed/token":{"value":"`+value+`","allowed_hosts":["127.0.0.1"]}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 20 })

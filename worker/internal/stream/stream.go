@@ -181,7 +181,9 @@ func min2(a, b time.Duration) time.Duration {
 
 // Status is a stream's observed state, folded into lease writes.
 type Status struct {
-	State string // connecting, streaming, sink_slow (a sink write is holding it back), backoff
+	// connecting, streaming, sink_slow (a sink write is holding it back), backoff,
+	// invalid (not dialed: the item is unusable as written), or a schema.Status*.
+	State string
 	Error string
 }
 
@@ -304,15 +306,20 @@ func (s *Stream) Run(ctx context.Context) {
 		if stable {
 			failures = 0
 		}
-		cap := s.cfg.BackoffMax
+		cap, state := s.cfg.BackoffMax, "backoff"
 		var perm *permanentError
 		if errors.As(err, &perm) {
 			cap = s.cfg.PermanentBackoffMax
 		}
+		if errors.Is(err, schema.ErrInvalid) {
+			// Unusable as written (a secret its owner did not allow to the URL's host):
+			// nothing was dialed. Looked at again rarely, so fixing the allowance heals it.
+			cap, state = s.cfg.PermanentBackoffMax, schema.StatusInvalid
+		}
 		wait := Backoff(failures, s.cfg.BackoffMin, cap, s.cfg.Jitter())
 		failures++
-		s.setStatus("backoff", err)
-		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "err", err, "wait", wait)
+		s.setStatus(state, err)
+		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "status", state, "err", err, "wait", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
