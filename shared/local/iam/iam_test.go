@@ -261,7 +261,7 @@ func TestMapper(t *testing.T) {
 	if _, err := m.dynamo("GetRecords", []byte(`{"ShardIterator":"unknown"}`), iters); err == nil {
 		t.Error("GetRecords with an iterator never handed out: no error")
 	}
-	c, err := m.kinesis("PutRecords", []byte(`{"StreamName":"msgs","Records":[]}`))
+	c, err := m.kinesis("PutRecords", []byte(`{"StreamName":"msgs","Records":[]}`), iters)
 	if err != nil || c.reqs[0].Action != "kinesis:PutRecords" || c.reqs[0].Resources[0] != "arn:aws:kinesis:us-east-1:000000000000:stream/msgs" {
 		t.Errorf("kinesis PutRecords: %+v, %v", c.reqs, err)
 	}

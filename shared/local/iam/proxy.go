@@ -150,29 +150,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := AccessKey(r.Header.Get("Authorization"))
 	json11 := strings.HasPrefix(prefix, "Kinesis_")
 
-	// The stream a GetRecords call reads, for the iterator it is handed back.
+	// The stream a GetShardIterator or GetRecords call reads, to remember for the
+	// iterator it hands back.
 	var recordsStream string
-	if !p.admins[key] || op == "GetShardIterator" || op == "GetRecords" {
+	if !p.admins[key] {
 		var c call
 		switch {
 		case strings.HasPrefix(prefix, "DynamoDB_"), strings.HasPrefix(prefix, "DynamoDBStreams_"):
 			c, err = p.mapper.dynamo(op, body, p.streamOf)
 		case json11:
-			c, err = p.mapper.kinesis(op, body)
+			c, err = p.mapper.kinesis(op, body, p.streamOf)
 		default:
 			err = fmt.Errorf("unknown service target %q", target)
 		}
-		if op == "GetRecords" && err == nil && len(c.reqs) == 1 {
-			recordsStream = c.reqs[0].Resources[0]
+		if denied := p.authorize(key, c, err); denied != nil {
+			p.deny(w, *denied, json11)
+			return
 		}
-		if op == "GetShardIterator" && err == nil && len(c.reqs) == 1 {
+		if (op == "GetShardIterator" || op == "GetRecords") && len(c.reqs) == 1 {
 			recordsStream = c.reqs[0].Resources[0]
-		}
-		if !p.admins[key] {
-			if denied := p.authorize(key, c, err); denied != nil {
-				p.deny(w, *denied, json11)
-				return
-			}
 		}
 	}
 

@@ -293,17 +293,23 @@ func contains(list []string, s string) bool {
 }
 
 // kinesis maps a Kinesis call.
-func (m *Mapper) kinesis(op string, body []byte) (call, error) {
+func (m *Mapper) kinesis(op string, body []byte, streamOf func(iter string) (string, bool)) (call, error) {
 	c := call{service: "kinesis", op: op}
 	var b dynamoBody
 	if len(body) > 0 {
 		if err := json.Unmarshal(body, &b); err != nil {
-			return c, fmt.Errorf("%s: decode request: %w", op, err)
+			return c, fmt.Errorf("kinesis %s: decode request: %w", op, err)
 		}
 	}
 	res := b.StreamARN
 	switch {
 	case res != "":
+	case op == "GetRecords":
+		arn, ok := streamOf(b.ShardIterator)
+		if !ok {
+			return c, fmt.Errorf("kinesis GetRecords: a shard iterator this proxy did not hand out; its stream is unknown")
+		}
+		res = arn
 	case b.StreamName != "":
 		res = m.Env.arn("kinesis", "stream/"+b.StreamName)
 	case op == "ListStreams" || op == "DescribeLimits" || op == "DescribeAccountSettings":
