@@ -374,3 +374,37 @@ func TestSynthesizedTemplate(t *testing.T) {
 	raw, _ := json.Marshal(keys)
 	t.Logf("%s: worker role %s, reconciler role %s, keys %s", path, worker, fn, raw)
 }
+
+// FuzzMapper: any request body maps to requests with an action and a resource each,
+// or to an error; never a panic.
+func FuzzMapper(f *testing.F) {
+	for _, s := range []string{
+		`{"TableName":"conns","Key":{"Pk":{"S":"a"}}}`,
+		`{"RequestItems":{"conns":[{"PutRequest":{"Item":{"Pk":{"N":"1"}}}}]}}`,
+		`{"TransactItems":[{"Put":{"TableName":"conns","Item":{}}}]}`,
+		`{"TableName":"conns","KeyConditionExpression":"#p = :v","ExpressionAttributeNames":{"#p":"Pk"},"ExpressionAttributeValues":{":v":{"S":"x"}}}`,
+		`{"ShardIterator":"it-1"}`, `{}`, `null`, `[`,
+	} {
+		for _, op := range []string{"GetItem", "BatchWriteItem", "TransactWriteItems", "Query", "GetRecords", "DescribeTable"} {
+			f.Add(op, s)
+		}
+	}
+	m := &Mapper{Env: fixtureEnv(), Tables: map[string]TableKeys{table: {PartitionKey: "Pk"}}}
+	iters := func(it string) (string, bool) { return stream, it == "it-1" }
+	f.Fuzz(func(t *testing.T, op, body string) {
+		for _, mapped := range []func() (call, error){
+			func() (call, error) { return m.dynamo(op, []byte(body), iters) },
+			func() (call, error) { return m.kinesis(op, []byte(body), iters) },
+		} {
+			c, err := mapped()
+			if err != nil {
+				continue
+			}
+			for _, r := range c.reqs {
+				if r.Action == "" || len(r.Resources) == 0 {
+					t.Errorf("%s %s: request %+v without an action or a resource", op, body, r)
+				}
+			}
+		}
+	})
+}
