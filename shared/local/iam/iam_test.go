@@ -3,6 +3,9 @@ package iam
 import (
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -407,4 +410,22 @@ func FuzzMapper(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDenyShape: the body of a refusal, per protocol, byte for byte.
+func TestDenyShape(t *testing.T) {
+	for _, tc := range []struct {
+		json11      bool
+		ctype, body string
+	}{
+		{false, "application/x-amz-json-1.0", `{"Message":"User: x is not authorized","__type":"com.amazon.coral.service#AccessDeniedException"}`},
+		{true, "application/x-amz-json-1.1", `{"Message":"User: x is not authorized","__type":"AccessDeniedException"}`},
+	} {
+		p := &Proxy{log: slog.New(slog.DiscardHandler)}
+		w := httptest.NewRecorder()
+		p.deny(w, Denial{Role: "R", Action: "a:B", Message: "User: x is not authorized"}, tc.json11)
+		if w.Code != http.StatusBadRequest || w.Header().Get("Content-Type") != tc.ctype || w.Body.String() != tc.body {
+			t.Errorf("json 1.1 %v: %d %s %s; want 400 %s %s", tc.json11, w.Code, w.Header().Get("Content-Type"), w.Body, tc.ctype, tc.body)
+		}
+	}
 }

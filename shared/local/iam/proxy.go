@@ -239,8 +239,9 @@ func (p *Proxy) authorize(key string, c call, mapErr error) *Denial {
 }
 
 // deny answers as AWS does when IAM refuses a call: HTTP 400 with an
-// AccessDeniedException, in the service's JSON protocol (1.0 for DynamoDB and its
-// Streams, 1.1 for Kinesis).
+// AccessDeniedException, in the service's JSON protocol: 1.0 for DynamoDB and its
+// Streams, whose __type carries the coral namespace; 1.1 for Kinesis, whose
+// __type is the bare name. Both write the text under "Message".
 func (p *Proxy) deny(w http.ResponseWriter, d Denial, json11 bool) {
 	p.mu.Lock()
 	p.denials = append(p.denials, d)
@@ -249,7 +250,7 @@ func (p *Proxy) deny(w http.ResponseWriter, d Denial, json11 bool) {
 	var body []byte
 	if json11 {
 		w.Header().Set("Content-Type", "application/x-amz-json-1.1")
-		body, _ = json.Marshal(map[string]string{"__type": "AccessDeniedException", "message": d.Message})
+		body, _ = json.Marshal(map[string]string{"__type": "AccessDeniedException", "Message": d.Message})
 	} else {
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
 		body, _ = json.Marshal(map[string]string{"__type": "com.amazon.coral.service#AccessDeniedException", "Message": d.Message})
