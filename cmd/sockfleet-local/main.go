@@ -183,6 +183,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 			return err
 		}
 		defer enf.Close()
+		defer reportDenials(enf, log)
 		endpoint, keys = enf.DynamoDB.Endpoint(), enf.Keys
 		iamNote = fmt.Sprintf("the stack's policies, enforced at %s: workers as %s, the reconciler as %s (denials are logged here)",
 			endpoint, keys.Worker, keys.Reconciler)
@@ -291,6 +292,23 @@ func sinkSettings(o options) (env []string, sinks, tail string, err error) {
 			"AWS_ENDPOINT_URL_KINESIS=" + endpoint + " .local/bin/sockfleet tail kinesis:" + localStream, nil
 	}
 	return nil, "", "", fmt.Errorf("-sink %q: want file or kinesis", o.sink)
+}
+
+// reportDenials sums up, at the end of a run, what the stack's roles were refused:
+// each refusal was logged as it happened, and may have scrolled away.
+func reportDenials(enf *fleet.IAM, log *slog.Logger) {
+	count := map[string]int{}
+	var order []string
+	for _, d := range enf.Denials() {
+		k := d.Role + " " + d.Action + " " + d.Resource
+		if count[k] == 0 {
+			order = append(order, k)
+		}
+		count[k]++
+	}
+	for _, k := range order {
+		log.Warn("IAM denied during this run: the stack does not grant it", "role action resource", k, "times", count[k])
+	}
 }
 
 // withKinesisEndpoint points the workers' Kinesis client at endpoint, after the
