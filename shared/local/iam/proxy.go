@@ -42,6 +42,9 @@ type Proxy struct {
 type Denial struct {
 	Role, Action, Resource string
 	Message                string // as returned to the caller
+	// Code is the error code returned: AccessDeniedException, or
+	// UnrecognizedClientException for a key that is no principal at all.
+	Code string
 }
 
 // ProxyConfig configures a Proxy.
@@ -212,8 +215,9 @@ func (p *Proxy) authorize(key string, c call, mapErr error) *Denial {
 		if key == "" {
 			key = "(unsigned)"
 		}
-		return &Denial{Role: key, Action: c.service + ":" + c.op, Message: fmt.Sprintf(
-			"The security token included in the request is invalid: access key %q is neither a role of the stack nor an administrator of the local fleet", key)}
+		// AWS's answer to a key it does not know; the local reason follows it.
+		return &Denial{Role: key, Action: c.service + ":" + c.op, Code: "UnrecognizedClientException", Message: fmt.Sprintf(
+			"The security token included in the request is invalid. (Access key %q is neither a role of the stack nor an administrator of the local fleet.)", key)}
 	}
 	if mapErr != nil {
 		return &Denial{Role: pol.Role, Action: c.service + ":" + c.op, Message: fmt.Sprintf(
@@ -239,10 +243,13 @@ func (p *Proxy) authorize(key string, c call, mapErr error) *Denial {
 }
 
 // deny answers as AWS does when IAM refuses a call: HTTP 400 with an
-// AccessDeniedException, in the service's JSON protocol: 1.0 for DynamoDB and its
-// Streams, whose __type carries the coral namespace; 1.1 for Kinesis, whose
-// __type is the bare name. Both write the text under "Message".
+// AccessDeniedException (d.Code, if set, instead), in the service's JSON protocol:
+// 1.0 for DynamoDB and its Streams, whose __type carries the coral namespace; 1.1
+// for Kinesis, whose __type is the bare name. Both write the text under "Message".
 func (p *Proxy) deny(w http.ResponseWriter, d Denial, json11 bool) {
+	if d.Code == "" {
+		d.Code = "AccessDeniedException"
+	}
 	p.mu.Lock()
 	p.denials = append(p.denials, d)
 	p.mu.Unlock()
@@ -250,12 +257,12 @@ func (p *Proxy) deny(w http.ResponseWriter, d Denial, json11 bool) {
 	var body []byte
 	if json11 {
 		w.Header().Set("Content-Type", "application/x-amz-json-1.1")
-		body, _ = json.Marshal(map[string]string{"__type": "AccessDeniedException", "Message": d.Message})
+		body, _ = json.Marshal(map[string]string{"__type": d.Code, "Message": d.Message})
 	} else {
 		w.Header().Set("Content-Type", "application/x-amz-json-1.0")
-		body, _ = json.Marshal(map[string]string{"__type": "com.amazon.coral.service#AccessDeniedException", "Message": d.Message})
+		body, _ = json.Marshal(map[string]string{"__type": "com.amazon.coral.service#" + d.Code, "Message": d.Message})
 	}
-	w.Header().Set("X-Amzn-ErrorType", "AccessDeniedException")
+	w.Header().Set("X-Amzn-ErrorType", d.Code)
 	w.WriteHeader(http.StatusBadRequest)
 	w.Write(body)
 }

@@ -110,8 +110,10 @@ func TestProxyDynamoDB(t *testing.T) {
 	if _, err := admin.Scan(ctx, &dynamodb.ScanInput{TableName: &e.Table}); err != nil {
 		t.Errorf("the administrator's Scan: %v", err)
 	}
-	if _, err := client("nobody").GetItem(ctx, &dynamodb.GetItemInput{TableName: &e.Table, Key: item("CONN#1")}); err == nil {
-		t.Error("an unknown access key was let through")
+	_, err = client("nobody").GetItem(ctx, &dynamodb.GetItemInput{TableName: &e.Table, Key: item("CONN#1")})
+	var api smithy.APIError
+	if !errors.As(err, &api) || api.ErrorCode() != "UnrecognizedClientException" {
+		t.Errorf("an unknown access key: %v, want UnrecognizedClientException", err)
 	}
 
 	ds := p.Denials()
