@@ -15,7 +15,7 @@ RIE         := .tools/bin/aws-lambda-rie
 RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
-.PHONY: all tools local-tools deploy-tools local-bin build run test vet fmt-check unit bench clean
+.PHONY: all tools local-tools deploy-tools local-bin build run test vet fmt-check unit bench clean template
 
 all: build
 
@@ -51,7 +51,7 @@ local-bin:
 # `make run SINK=kinesis` delivers to a stream on kinesalite instead of files.
 RUN_ARGS ?=
 
-run: local-tools local-bin
+run: local-tools local-bin template
 	.local/bin/sockfleet-local $(if $(SINK),-sink $(SINK)) $(RUN_ARGS)
 
 test: tools vet fmt-check unit infra-test
@@ -63,10 +63,10 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v /testdata/)); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-unit: local-tools
+unit: local-tools template
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-bench: local-tools
+bench: local-tools template
 	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
 
 clean:
@@ -90,6 +90,29 @@ synth: deploy-tools lambda
 
 deploy: deploy-tools lambda
 	$(CDK) deploy $(CDK_ARGS)
+
+# The synthesized template whose IAM policies `make run`, the fleet tests and the
+# benchmarks enforce locally (shared/local/iam). Synthesized again only when the stack's
+# sources or the arguments change; the infra build is cached after the first time.
+# `make run SINK=kinesis` synthesizes the stack with its Kinesis stream, so the
+# workers may write to it.
+TEMPLATE      := cdk.out/Sockfleet.template.json
+TEMPLATE_ARGS := $(if $(filter kinesis,$(SINK)),-c kinesisStream=create)
+TEMPLATE_SRC  := cdk.json $(wildcard infra/*.go infra/go.mod infra/go.sum shared/schema/*.go shared/filters/*.go)
+
+template: $(TEMPLATE)
+
+.local/template-args: FORCE
+	@mkdir -p .local
+	@echo '$(TEMPLATE_ARGS)' | cmp -s - $@ || echo '$(TEMPLATE_ARGS)' > $@
+
+$(TEMPLATE): $(TEMPLATE_SRC) .local/template-args | $(DEPLOY_TOOLS)
+	@test -f bin/reconciler/bootstrap || $(MAKE) --no-print-directory lambda
+	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices $(TEMPLATE_ARGS)
+	@touch $@
+
+.PHONY: FORCE
+FORCE:
 
 # Assertion tests of the stack, then the same synth `cdk deploy` runs, offline.
 infra-test: deploy-tools lambda

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -26,6 +27,13 @@ import (
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
+
+// enforceIAM runs stream-mode fleets as the stack's roles, behind the IAM proxy
+// (fleet.EnforceIAM), as `make run` does. Polling mode is the seed's design, which
+// the stack does not deploy, so it has no policies to enforce: its processes go
+// through the same proxy unrestricted, so that both modes pay the same extra hop
+// and stay comparable side by side.
+var enforceIAM = flag.Bool("iam", true, "enforce the synthesized stack's IAM policies in stream mode (make template writes the template)")
 
 // sweepPeriod is the backstop sweep's schedule in stream mode: the CDK stack's.
 const sweepPeriod = 60 * time.Second
@@ -61,6 +69,7 @@ type benchFleet struct {
 	workers *fleet.FaultProxy // every worker call goes through it
 	recon   *fleet.FaultProxy // every reconciler call (stream mode)
 	stack   *fleet.Stack
+	iam     *fleet.IAM // nil when IAM is not enforced
 	ids     []string
 	http    *http.Client
 	log     *slog.Logger
@@ -97,11 +106,24 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 			return fail(err)
 		}
 	}
-	if f.workers, err = fleet.NewFaultProxy(f.engine.Endpoint, 1); err != nil {
+	// Every process reaches the engine as its role, through the IAM proxy; the
+	// metering proxies sit in front of it.
+	engine, keys := f.engine.Endpoint, fleet.Keys{}
+	if *enforceIAM {
+		if f.iam, err = fleet.EnforceIAM(ctx, fleet.IAMConfig{Endpoint: engine, Table: f.table, Log: log}); err != nil {
+			return fail(err)
+		}
+		engine = f.iam.DynamoDB.Endpoint()
+		if spec.Mode == schema.ModeStream {
+			keys = f.iam.Keys
+		}
+	}
+	if f.workers, err = fleet.NewFaultProxy(engine, 1); err != nil {
 		return fail(err)
 	}
 	cfg := fleet.Config{
-		Dir: dir, Endpoint: f.engine.Endpoint, WorkerEndpoint: f.workers.Endpoint(), Table: f.table,
+		Keys: keys,
+		Dir:  dir, Endpoint: engine, WorkerEndpoint: f.workers.Endpoint(), Table: f.table,
 		Cluster: "bench", Secret: "bench-secret-0123456789abcdef", Workers: spec.Workers,
 		WorkerBin: bins.Worker, Restart: !spec.NoRestart, RestartDelay: spec.RestartDelay, Log: log,
 		WorkerEnv: func(_ int, id string) []string {
@@ -119,7 +141,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		},
 	}
 	if spec.Mode == schema.ModeStream {
-		if f.recon, err = fleet.NewFaultProxy(f.engine.Endpoint, 2); err != nil {
+		if f.recon, err = fleet.NewFaultProxy(engine, 2); err != nil {
 			return fail(err)
 		}
 		cfg.Bootstrap, cfg.RIE, cfg.LambdaAddr = bins.Bootstrap, bins.RIE, "127.0.0.1:0"
@@ -164,6 +186,12 @@ func (f *benchFleet) Stop() {
 	}
 	if f.up != nil {
 		f.up.Close()
+	}
+	if f.iam != nil {
+		for _, d := range f.iam.Denials() {
+			f.log.Error("IAM denied a call during the benchmark: its figures are not those of the stack", "role", d.Role, "action", d.Action, "resource", d.Resource)
+		}
+		f.iam.Close()
 	}
 	f.engine.Stop()
 }

@@ -49,6 +49,7 @@ type options struct {
 	workerEnv               envList // explicit worker settings, NAME=VALUE
 	sink                    string  // file or kinesis
 	kinesisPort             int
+	iam                     bool // enforce the synthesized stack's IAM policies
 }
 
 // envList is a repeatable NAME=VALUE flag.
@@ -80,6 +81,8 @@ func main() {
 	flag.Var(&o.workerEnv, "worker-env", "a worker setting NAME=VALUE, e.g. SOCKFLEET_RESUME=none (repeatable); beats the fleet's defaults")
 	flag.StringVar(&o.sink, "sink", "file", "where workers deliver: file (one JSON-lines file per worker) or kinesis (a stream on the local Kinesis engine, kinesalite)")
 	flag.IntVar(&o.kinesisPort, "kinesis-port", 4567, "port of the local Kinesis engine (-sink kinesis)")
+	flag.BoolVar(&o.iam, "iam", true, "run the workers and the reconciler as their roles in the synthesized stack (cdk.out, `make template`), "+
+		"refusing what those roles may not do; -iam=false turns it off for debugging")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sockfleet-local: unexpected arguments %q (worker settings go in -worker-env NAME=VALUE)\n", flag.Args())
@@ -158,16 +161,40 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	defer up.Close()
 
+	var kinesisEndpoint string
 	if o.sink == "kinesis" {
 		ks, err := startKinesis(ctx, o, log)
 		if err != nil {
 			return err
 		}
 		defer ks.Stop()
+		kinesisEndpoint = ks.Endpoint
+	}
+
+	// The workers and the reconciler reach the engines through the IAM proxy, each
+	// as its role in the stack; the operator (the banner's commands) goes straight to
+	// the engine as the administrator.
+	endpoint, keys, iamNote := engine.Endpoint, fleet.Keys{}, "off (-iam=false): every process is unrestricted"
+	if o.iam {
+		enf, err := fleet.EnforceIAM(ctx, fleet.IAMConfig{
+			Endpoint: engine.Endpoint, Table: o.table, KinesisEndpoint: kinesisEndpoint, KinesisStream: localStream, Log: log,
+		})
+		if err != nil {
+			return err
+		}
+		defer enf.Close()
+		defer reportDenials(enf, log)
+		endpoint, keys = enf.DynamoDB.Endpoint(), enf.Keys
+		iamNote = fmt.Sprintf("the stack's policies, enforced at %s: workers as %s, the reconciler as %s (denials are logged here)",
+			endpoint, keys.Worker, keys.Reconciler)
+		if enf.Kinesis != nil {
+			workerEnv = withKinesisEndpoint(workerEnv, enf.Kinesis.Endpoint())
+		}
 	}
 
 	st, err := fleet.Start(ctx, fleet.Config{
-		Dir: o.dir, Endpoint: engine.Endpoint, Table: o.table, Cluster: "sockfleet-local",
+		Keys: keys,
+		Dir:  o.dir, Endpoint: endpoint, Table: o.table, Cluster: "sockfleet-local",
 		Secret:  hex.EncodeToString(secret),
 		Workers: o.workers, WorkerBin: workerBin, BasePort: o.basePort, Restart: true,
 		Bootstrap: abs(filepath.Join(o.bin, "bootstrap")), RIE: abs(o.rie), LambdaAddr: o.lambdaAddr,
@@ -190,6 +217,7 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   worker settings   %s
   sweep             every %s
   sinks             %s
+  IAM               %s
 
 In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
@@ -198,10 +226,10 @@ In another terminal:
   .local/bin/sockfleet conn add feed-1 ws://%[5]s/streams/feed-1
   .local/bin/sockfleet conn stop demo-1                        # closes within a second
   .local/bin/sockfleet conn start demo-1
-  kill -9 $(pgrep -f '^%[13]s' | head -1)   # failover: watch the owners change
-  .local/bin/sockfleet %[14]s   # what was delivered
+  kill -9 $(pgrep -f '^%[14]s' | head -1)   # failover: watch the owners change
+  .local/bin/sockfleet %[15]s   # what was delivered
 `, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
-		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, workerBin, tailHint)
+		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, workerBin, tailHint)
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
@@ -264,6 +292,31 @@ func sinkSettings(o options) (env []string, sinks, tail string, err error) {
 			"AWS_ENDPOINT_URL_KINESIS=" + endpoint + " .local/bin/sockfleet tail kinesis:" + localStream, nil
 	}
 	return nil, "", "", fmt.Errorf("-sink %q: want file or kinesis", o.sink)
+}
+
+// reportDenials sums up, at the end of a run, what the stack's roles were refused:
+// each refusal was logged as it happened, and may have scrolled away.
+func reportDenials(enf *fleet.IAM, log *slog.Logger) {
+	count := map[string]int{}
+	var order []string
+	for _, d := range enf.Denials() {
+		k := d.Role + " " + d.Action + " " + d.Resource
+		if count[k] == 0 {
+			order = append(order, k)
+		}
+		count[k]++
+	}
+	for _, k := range order {
+		log.Warn("IAM denied during this run: the stack does not grant it", "role action resource", k, "times", count[k])
+	}
+}
+
+// withKinesisEndpoint points the workers' Kinesis client at endpoint, after the
+// other settings.
+func withKinesisEndpoint(env func(int, string) []string, endpoint string) func(int, string) []string {
+	return func(slot int, id string) []string {
+		return append(env(slot, id), "AWS_ENDPOINT_URL_KINESIS="+endpoint)
+	}
 }
 
 // localStream is the Kinesis stream `make run SINK=kinesis` delivers to.

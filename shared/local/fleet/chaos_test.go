@@ -292,7 +292,7 @@ func TestChaos(t *testing.T) {
 
 	// One fault proxy per worker slot, all with the same fault mix, so that one
 	// worker can be cut off alone (a partition) as well as all at once (an outage).
-	// The reconciler reaches the engine directly.
+	// The reconciler reaches the engine without faults (through the IAM proxy, as its role).
 	proxies := make([]*fleet.FaultProxy, workers)
 	col, err := fleet.NewCollector()
 	if err != nil {

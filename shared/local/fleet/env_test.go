@@ -85,3 +85,22 @@ func TestCheckWorkerEnv(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkerSignsAsItsRole: a worker signs with the worker key when one is given
+// (it then runs as the stack's task role behind the IAM proxy), and as the
+// unrestricted administrator otherwise; a worker setting cannot change it.
+func TestWorkerSignsAsItsRole(t *testing.T) {
+	hijack := func(int, string) []string { return []string{"AWS_ACCESS_KEY_ID=local"} }
+	for _, tc := range []struct {
+		keys fleet.Keys
+		want string
+	}{
+		{fleet.Keys{Worker: "WorkerTaskRole", Reconciler: "FunctionRole"}, "WorkerTaskRole"},
+		{fleet.Keys{}, fleet.AdminKey},
+	} {
+		cfg := fleet.Config{Dir: "/d", Endpoint: "http://127.0.0.1:1", Table: "tbl", Keys: tc.keys, WorkerEnv: hijack}
+		if got, _ := effective(cfg.WorkerEnviron(0, "w0-x-1", 8123), "AWS_ACCESS_KEY_ID"); got != tc.want {
+			t.Errorf("keys %+v: the worker signs as %q, want %q", tc.keys, got, tc.want)
+		}
+	}
+}

@@ -2,7 +2,9 @@ package fleet_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -15,6 +17,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/iam"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -29,6 +32,11 @@ const (
 	testSweep = time.Second
 	testNudge = 2 * time.Second
 )
+
+// enforceIAM runs the test fleets as the stack's roles, behind the IAM proxy
+// (fleet.EnforceIAM). Turn it off to debug something else:
+// go test ./shared/local/fleet -args -iam=false
+var enforceIAM = flag.Bool("iam", true, "enforce the synthesized stack's IAM policies in the test fleets (make template writes the template)")
 
 func binaries(t *testing.T) fleet.Binaries {
 	t.Helper()
@@ -46,6 +54,7 @@ type testFleet struct {
 	up    *demoupstream.Server
 	stack *fleet.Stack
 	dir   string
+	iam   *fleet.IAM // nil when IAM is not enforced
 }
 
 // fleetOptions shapes a test fleet; zero values take the defaults noted.
@@ -63,6 +72,10 @@ type fleetOptions struct {
 	// Collector, if set, is every worker's sink (instead of its file), recording who
 	// delivered what and when.
 	Collector *fleet.Collector
+	// Template is the stack whose IAM policies are enforced; nil: the synthesized
+	// one. ExpectDenials keeps a denied call from failing the test.
+	Template      *iam.Template
+	ExpectDenials bool
 }
 
 func startFleet(t *testing.T, workers int, endpoint string) *testFleet {
@@ -89,13 +102,32 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { up.Close() })
-	endpoint := e.Endpoint
+	// Every process reaches the engine through the IAM proxy, as its role; the
+	// harness itself (e.DB) is the administrator and goes straight to the engine.
+	engine, enf := e.Endpoint, (*fleet.IAM)(nil)
+	if *enforceIAM {
+		var err error
+		enf, err = fleet.EnforceIAM(context.Background(), fleet.IAMConfig{
+			Template: o.Template, Endpoint: e.Endpoint, Table: e.Table,
+			Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { enf.Close() })
+		engine = enf.DynamoDB.Endpoint()
+	}
+	var keys fleet.Keys
+	if enf != nil {
+		keys = enf.Keys
+	}
+	endpoint := engine
 	if o.WorkerEndpoint != nil {
-		endpoint = o.WorkerEndpoint(e.Endpoint)
+		endpoint = o.WorkerEndpoint(engine)
 	}
 	dir := t.TempDir()
 	st, err := fleet.Start(context.Background(), fleet.Config{
-		Dir: dir, Endpoint: e.Endpoint, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
+		Keys: keys, Dir: dir, Endpoint: engine, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
 		Secret: "test-secret-0123456789abcdef", Workers: o.Workers, WorkerBin: b.Worker, Restart: true,
 		Bootstrap: b.Bootstrap, RIE: b.RIE, LambdaAddr: "127.0.0.1:0",
 		WorkerEnv: func(slot int, id string) []string {
@@ -130,9 +162,15 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &testFleet{t: t, env: e, up: up, stack: st, dir: dir}
+	f := &testFleet{t: t, env: e, up: up, stack: st, dir: dir, iam: enf}
 	t.Cleanup(func() {
 		st.Stop()
+		// A call the stack's roles may not make fails here, before it fails a deploy.
+		if enf != nil && !o.ExpectDenials {
+			for _, d := range enf.Denials() {
+				t.Errorf("IAM denied %s %s on %s: %s", d.Role, d.Action, d.Resource, d.Message)
+			}
+		}
 		if t.Failed() {
 			dumpLogs(t, dir)
 		}

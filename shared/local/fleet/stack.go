@@ -61,6 +61,11 @@ type Config struct {
 	ReconcilerEnv  []string
 	SweepEvery     time.Duration // 0: no sweep
 
+	// Keys are the access key ids the workers and the reconciler (with the stream
+	// poller) sign with: their roles, when Endpoint is an IAM proxy (EnforceIAM).
+	// Empty: AdminKey, unrestricted.
+	Keys Keys
+
 	Log *slog.Logger
 }
 
@@ -76,13 +81,18 @@ type Stack struct {
 	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
 }
 
-// AWSEnv is the standard AWS settings that point a process at endpoint.
-func AWSEnv(endpoint string) []string {
+// AWSEnv is the standard AWS settings that point a process at endpoint, as the
+// unrestricted AdminKey.
+func AWSEnv(endpoint string) []string { return AWSEnvAs(endpoint, AdminKey) }
+
+// AWSEnvAs is AWSEnv signing with access key id key (AdminKey if empty): behind an
+// IAM proxy, the process runs as the role of that key.
+func AWSEnvAs(endpoint, key string) []string {
 	return []string{
 		"AWS_ENDPOINT_URL_DYNAMODB=" + endpoint,
 		"AWS_ENDPOINT_URL_DYNAMODB_STREAMS=" + endpoint,
 		"AWS_REGION=" + LocalRegion,
-		"AWS_ACCESS_KEY_ID=local",
+		"AWS_ACCESS_KEY_ID=" + cmp.Or(key, AdminKey),
 		"AWS_SECRET_ACCESS_KEY=local",
 	}
 }
@@ -112,7 +122,7 @@ func (c Config) WorkerEnviron(slot int, id string, port int) []string {
 	if c.SlotEndpoint != nil {
 		endpoint = c.SlotEndpoint(slot)
 	}
-	env = append(env, AWSEnv(endpoint)...)
+	env = append(env, AWSEnvAs(endpoint, c.Keys.Worker)...)
 	return append(env,
 		schema.EnvTable+"="+c.Table,
 		schema.EnvWorkerID+"="+id,
@@ -201,7 +211,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		if err != nil {
 			return fail(err)
 		}
-		env := append(AWSEnv(cfg.Endpoint),
+		env := append(AWSEnvAs(cfg.Endpoint, cfg.Keys.Reconciler),
 			schema.EnvTable+"="+cfg.Table,
 			schema.EnvWakeupSecret+"="+cfg.Secret,
 			schema.EnvClusterARN+"="+ClusterARN(cfg.Cluster))
@@ -212,9 +222,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		if err != nil {
 			return fail(err)
 		}
+		// The event source mapping reads the stream with the function's role.
 		streams := dynamodbstreams.New(dynamodbstreams.Options{
 			Region: LocalRegion, BaseEndpoint: aws.String(cfg.Endpoint),
-			Credentials: credentials.NewStaticCredentialsProvider("local", "local", ""),
+			Credentials: credentials.NewStaticCredentialsProvider(cmp.Or(cfg.Keys.Reconciler, AdminKey), "local", ""),
 		})
 		s.Poller, err = streampoller.New(streams, streampoller.Config{
 			Table: cfg.Table, Checkpoint: filepath.Join(cfg.Dir, "poller.json"), Log: cfg.Log, Region: LocalRegion,

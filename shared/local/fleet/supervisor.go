@@ -2,6 +2,8 @@
 // Lambda play in AWS: a supervisor for worker processes that reports each exit as an
 // ECS Task State Change event, and the Lambda runtime emulator that runs the real
 // reconciler binary. `make run`, the end-to-end tests and the benchmarks use it.
+// EnforceIAM plays IAM: each process runs as its role in the synthesized stack, and
+// is refused what that role may not do.
 package fleet
 
 import (
