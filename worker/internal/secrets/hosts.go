@@ -26,7 +26,9 @@ type hostPattern struct {
 }
 
 // ParseHosts parses host patterns: "stream.example.com" (that host), "*.example.com"
-// (any host under example.com, not example.com itself), each optionally with ":PORT"
+// or ".example.com" (any host under example.com, not example.com itself; the second
+// form uses only the characters AWS documents as allowed in tag values across
+// services, which list neither "*" nor ","), each optionally with ":PORT"
 // ("stream.example.com:8443", "[::1]:9000"); without a port any port is allowed.
 // Matching is case-insensitive. Empty entries are skipped; a malformed one is an error.
 func ParseHosts(list []string) (Hosts, error) {
@@ -45,8 +47,8 @@ func ParseHosts(list []string) (Hosts, error) {
 	return h, nil
 }
 
-// splitTag splits the value of a TagAllowedHosts tag: patterns separated by commas
-// or spaces (tag values in some AWS tools allow spaces but not commas).
+// splitTag splits the value of a TagAllowedHosts tag: patterns separated by spaces
+// (AWS's generally allowed tag characters) or commas.
 func splitTag(v string) []string {
 	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' })
 }
@@ -110,13 +112,15 @@ func parsePattern(p string) (hostPattern, error) {
 	pat := hostPattern{port: port}
 	if rest, ok := strings.CutPrefix(host, "*."); ok {
 		pat.wild, host = true, rest
+	} else if rest, ok := strings.CutPrefix(host, "."); ok {
+		pat.wild, host = true, rest // ".example.com": the same, in tag-safe characters
 	}
 	host = normHost(host)
 	switch {
 	case host == "":
 		return hostPattern{}, fmt.Errorf("no host")
 	case strings.ContainsAny(host, "*/@?#%[] \\"):
-		return hostPattern{}, fmt.Errorf("want HOST, *.DOMAIN, either with an optional :PORT")
+		return hostPattern{}, fmt.Errorf("want HOST, *.DOMAIN or .DOMAIN, each with an optional :PORT")
 	case pat.wild && !strings.Contains(host, ".") && net.ParseIP(host) == nil:
 		// "*.com" would hand the secret to any host under a top-level domain.
 		return hostPattern{}, fmt.Errorf("a wildcard needs a domain of at least two labels")

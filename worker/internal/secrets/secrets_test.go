@@ -99,6 +99,9 @@ func TestHostsAllows(t *testing.T) {
 		{[]string{"stream.example.com:8443"}, "stream.example.com:443", false},
 		{[]string{"*.example.com:443"}, "a.example.com:443", true},
 		{[]string{"*.example.com:443"}, "a.example.com:444", false},
+		{[]string{".example.com"}, "a.example.com:443", true}, // the tag-safe form of *.example.com
+		{[]string{".example.com"}, "example.com:443", false},
+		{[]string{".example.com:443"}, "a.example.com:444", false},
 		{[]string{"127.0.0.1"}, "127.0.0.1:9000", true},
 		{[]string{"127.0.0.1"}, "127.0.0.2:9000", false},
 		{[]string{"[::1]:9000"}, "[::1]:9000", true},
@@ -118,7 +121,7 @@ func TestHostsAllows(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"*", "*.com", "a.*.example.com", "example.com:0", "example.com:99999", "example.com:",
-		"example.com:x", "[::1", "[::1]x", "user@example.com", "example.com/path", "*.", ":443"} {
+		"example.com:x", "[::1", "[::1]x", "user@example.com", "example.com/path", "*.", ":443", ".", ".com"} {
 		if _, err := ParseHosts([]string{bad}); err == nil {
 			t.Errorf("pattern %q accepted", bad)
 		}
