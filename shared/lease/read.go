@@ -11,16 +11,32 @@ import (
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
 
-// Checkpoint stores p's checkpoint (and status, if set) without touching the lease's
-// expiry, and returns the item as it now is, like Renew. It is the owner's write in
-// stream mode, where the lease lasts as long as the owner's membership. ErrNotFound
-// means the item was deleted; ErrLost means someone else holds it now.
-func (s *Store) Checkpoint(ctx context.Context, l Lease, p Progress) (codec.Connection, error) {
-	now := s.nowMs()
-	set, vals := withStatus("SET #ls = :seq", map[string]types.AttributeValue{":seq": codec.N(p.LastSeq)}, p, now)
-	return s.ownerWrite(ctx, "checkpoint", l, set, vals, func(c codec.Connection) bool {
-		return c.LeaseOwner == l.Owner && c.LeaseVersion == l.Version && c.LastSeq == p.LastSeq
-	})
+// Get reads connection id with a strongly consistent read.
+func (s *Store) Get(ctx context.Context, id string) (codec.Connection, error) {
+	if err := schema.ValidateID(id); err != nil {
+		return codec.Connection{}, fmt.Errorf("get %s: %w", id, err)
+	}
+	c, _, err := s.get(ctx, id)
+	if err == nil && c.ID == "" {
+		return c, fmt.Errorf("get %s: %w", id, ErrNotFound)
+	}
+	return c, err
+}
+
+// get returns the item decoded (zero Connection if absent) and raw. A decode error is
+// not returned: the lease fields are what lease operations need, and they are kept
+// regardless; the raw item says which of them were unusable.
+func (s *Store) get(ctx context.Context, id string) (codec.Connection, codec.Item, error) {
+	out, err := s.db.GetItem(ctx, &dynamodb.GetItemInput{TableName: &s.cfg.Table, Key: key(id), ConsistentRead: aws.Bool(true)})
+	if err != nil {
+		return codec.Connection{}, nil, fmt.Errorf("read %s: %w", id, translate(err))
+	}
+	if out.Item == nil {
+		return codec.Connection{}, nil, nil
+	}
+	c, _ := codec.DecodeConnection(out.Item)
+	c.ID = id
+	return c, out.Item, nil
 }
 
 // BatchGetLimit is the most keys one BatchGetItem request may carry.
