@@ -7,8 +7,7 @@ import (
 	"maps"
 	"strings"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -27,7 +26,7 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, err)
 	}
 	now := s.nowMs()
-	try := versionTry{version: now, cond: "(attribute_not_exists(#v) OR #v < :nv)"}
+	try := versionTry{version: now, cond: expression.Or(nameVersion.AttributeNotExists(), nameVersion.LessThan(num(now)))}
 	for attempt := 0; ; attempt++ {
 		it, old, err := s.acquireOnce(ctx, id, worker, now, try)
 		if err == nil {
@@ -45,8 +44,7 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 // one that makes it right.
 type versionTry struct {
 	version int64
-	cond    string
-	vals    map[string]types.AttributeValue
+	cond    expression.ConditionBuilder
 	note    string // a repair to record, naming the field and its value
 }
 
@@ -54,45 +52,30 @@ type versionTry struct {
 // and the item as it was before it when known; on a refusal, the item as it was.
 func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, try versionTry) (after, before codec.Item, err error) {
 	exp := s.expiry(now)
-	set := "SET #o = :me, #e = :exp, #v = :nv, #st = :acq, #sa = :now"
-	vals := map[string]types.AttributeValue{
-		":me": codec.S(worker), ":exp": codec.N(exp), ":zero": codec.N(0), ":nv": codec.N(try.version),
-		":started": codec.S(string(schema.Started)), ":stale": codec.N(now - s.cfg.SkewMargin.Milliseconds()),
-		":acq": codec.S("acquired"), ":now": codec.N(now),
+	set := codec.Item{
+		schema.AttrLeaseOwner: codec.S(worker), schema.AttrLeaseExpires: codec.N(exp), schema.AttrLeaseVersion: codec.N(try.version),
+		schema.AttrStatus: codec.S("acquired"), schema.AttrStatusAt: codec.N(now),
 	}
-	names := names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-		"#v", schema.AttrLeaseVersion, "#d", schema.AttrDesiredState, "#st", schema.AttrStatus,
-		"#sa", schema.AttrStatusAt, "#se", schema.AttrStatusError)
 	if try.note != "" {
-		set += ", #se = :note, #lr = :lr"
-		vals[":note"], vals[":lr"] = codec.S(try.note), codec.S(repairNote(now, try.note))
-		names["#lr"] = schema.AttrLastRepair
-	} else {
-		set += " REMOVE #se"
+		set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(try.note), codec.S(repairNote(now, try.note))
 	}
-	for k, v := range try.vals {
-		vals[k] = v
+	upd := setAll(set)
+	if try.note == "" {
+		upd = upd.Remove(nameStatusError)
 	}
-	in := &dynamodb.UpdateItemInput{
-		TableName:        &s.cfg.Table,
-		Key:              key(id),
-		UpdateExpression: aws.String(set),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND #d = :started AND " +
-			"(attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero OR #e < :stale) AND " + try.cond),
-		ExpressionAttributeNames:            names,
-		ExpressionAttributeValues:           vals,
-		ReturnValues:                        types.ReturnValueAllOld,
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	in, err := s.updateInput(id, upd, all(startedCondition(), FreeCondition(now-s.cfg.SkewMargin.Milliseconds()), try.cond),
+		types.ReturnValueAllOld)
+	if err != nil {
+		return nil, nil, fmt.Errorf("acquire %s: %w", id, err)
 	}
 	old, err := s.update(ctx, in)
 	if err == nil {
-		after := maps.Clone(old)
-		after[schema.AttrLeaseOwner], after[schema.AttrLeaseExpires], after[schema.AttrLeaseVersion] = vals[":me"], vals[":exp"], vals[":nv"]
-		after[schema.AttrStatus], after[schema.AttrStatusAt] = vals[":acq"], vals[":now"]
-		delete(after, schema.AttrStatusError)
-		if try.note != "" {
-			after[schema.AttrStatusError], after[schema.AttrLastRepair] = vals[":note"], vals[":lr"]
+		after := make(codec.Item, len(old)+len(set))
+		maps.Copy(after, old)
+		if try.note == "" {
+			delete(after, schema.AttrStatusError)
 		}
+		maps.Copy(after, set)
 		return after, old, nil
 	}
 	// Our own write, seen later (a retry after a dropped response, or a read-back),
@@ -132,13 +115,13 @@ func (s *Store) versionRetry(old codec.Item, now int64) (versionTry, bool) {
 	case raw == nil:
 		return versionTry{}, false // the first try's condition held for it: a race
 	case err == nil && v >= now:
-		return versionTry{version: v + 1, cond: "#v = :ov", vals: map[string]types.AttributeValue{":ov": raw}}, true
+		return versionTry{version: v + 1, cond: nameVersion.Equal(expression.Value(raw))}, true
 	case err == nil:
 		return versionTry{}, false
 	}
 	fresh := now + s.cfg.SkewMargin.Milliseconds()
 	t := versionTry{version: fresh, note: fmt.Sprintf("%s %s unusable: replaced with %d", schema.AttrLeaseVersion, codec.Describe(raw), fresh)}
-	t.cond, t.vals = valueIs("#v", ":ov", raw)
+	t.cond = valueIs(nameVersion, raw)
 	return t, true
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
@@ -24,6 +26,38 @@ type DynamoDB interface {
 type conditionFailed struct{ item codec.Item }
 
 func (conditionFailed) Error() string { return "condition failed" }
+
+// updateInput is the conditional UpdateItem of upd on connection id under cond,
+// returning ret on success and the item as it was on a condition failure. Its
+// expressions, names and values come from one expression builder, so they always
+// agree.
+func (s *Store) updateInput(id string, upd expression.UpdateBuilder, cond expression.ConditionBuilder,
+	ret types.ReturnValue) (*dynamodb.UpdateItemInput, error) {
+	e, err := expression.NewBuilder().WithUpdate(upd).WithCondition(cond).Build()
+	if err != nil {
+		return nil, fmt.Errorf("%w: build expression: %v", ErrInvalid, err)
+	}
+	return &dynamodb.UpdateItemInput{
+		TableName:                           &s.cfg.Table,
+		Key:                                 key(id),
+		UpdateExpression:                    e.Update(),
+		ConditionExpression:                 e.Condition(),
+		ExpressionAttributeNames:            e.Names(),
+		ExpressionAttributeValues:           e.Values(),
+		ReturnValues:                        ret,
+		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	}, nil
+}
+
+// write runs the conditional UpdateItem of upd on id under cond (see updateInput).
+func (s *Store) write(ctx context.Context, id string, upd expression.UpdateBuilder, cond expression.ConditionBuilder,
+	ret types.ReturnValue) (codec.Item, error) {
+	in, err := s.updateInput(id, upd, cond, ret)
+	if err != nil {
+		return nil, err
+	}
+	return s.update(ctx, in)
+}
 
 // update runs in, turning a condition failure into conditionFailed.
 func (s *Store) update(ctx context.Context, in *dynamodb.UpdateItemInput) (codec.Item, error) {
@@ -96,12 +130,4 @@ func translateMsg(err error) string {
 
 func key(id string) map[string]types.AttributeValue {
 	return map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))}
-}
-
-func names(kv ...string) map[string]string {
-	m := make(map[string]string, len(kv)/2)
-	for i := 0; i+1 < len(kv); i += 2 {
-		m[kv[i]] = kv[i+1]
-	}
-	return m
 }

@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
+
+// Writes by others than the owner: the sweep's release of an expired lease, the
+// release of a stale image's lease, the crash path's release of a dead worker's
+// leases, and the sweep's report on an unusable item. Each is conditioned on the
+// item being exactly what the caller judged.
 
 // ReleaseExpired is the sweep's release: it succeeds only if the lease is still
 // owner's at version and expired more than the skew margin before now.
@@ -21,20 +24,14 @@ func (s *Store) ReleaseExpired(ctx context.Context, id, owner string, version in
 		return fmt.Errorf("release expired %s: %w", id, err)
 	}
 	stale := now.UnixMilli() - s.cfg.SkewMargin.Milliseconds()
-	in := &dynamodb.UpdateItemInput{
-		TableName:           &s.cfg.Table,
-		Key:                 key(id),
-		UpdateExpression:    aws.String("SET #e = :zero, #st = :st, #sa = :now REMOVE #o"),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND #o = :o AND #v = :v AND #e > :zero AND #e < :stale"),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-			"#v", schema.AttrLeaseVersion, "#st", schema.AttrStatus, "#sa", schema.AttrStatusAt),
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":o": codec.S(owner), ":v": codec.N(version), ":zero": codec.N(0), ":stale": codec.N(stale),
-			":st": codec.S("expired"), ":now": codec.N(now.UnixMilli()),
-		},
-		ReturnValuesOnConditionCheckFailure: types.ReturnValuesOnConditionCheckFailureAllOld,
+	upd := setAll(codec.Item{
+		schema.AttrLeaseExpires: codec.N(0), schema.AttrStatus: codec.S("expired"), schema.AttrStatusAt: codec.N(now.UnixMilli()),
+	}).Remove(nameOwner)
+	in, err := s.updateInput(id, upd, all(heldBy(owner, nameVersion.Equal(num(version))), expiredBefore(stale)), types.ReturnValueNone)
+	if err != nil {
+		return fmt.Errorf("release expired %s: %w", id, err)
 	}
-	_, err := s.update(ctx, in)
+	_, err = s.update(ctx, in)
 	if err == nil {
 		return nil
 	}
@@ -42,8 +39,7 @@ func (s *Store) ReleaseExpired(ctx context.Context, id, owner string, version in
 	if cerr == nil && isCondition(err) && cur.LeaseOwner == owner && unusableVersion(raw) {
 		// The version cannot be matched: release on owner and expiry, and the version
 		// exactly as it is, writing a fresh one (as an acquire would).
-		return s.releaseUnusable(ctx, id, owner, raw, "#e > :zero AND #e < :stale", "expired",
-			map[string]types.AttributeValue{":zero": codec.N(0), ":stale": codec.N(stale)})
+		return s.releaseUnusable(ctx, id, owner, raw, expiredBefore(stale), "expired")
 	}
 	switch {
 	case cerr != nil:
@@ -76,23 +72,11 @@ func (s *Store) ReleaseStale(ctx context.Context, id, owner string, version, hol
 	fresh := max(holderVersion+1, now+s.cfg.SkewMargin.Milliseconds())
 	note := fmt.Sprintf("stale image: %s %q at version %d replaced a lease at version %d; released with version %d",
 		schema.AttrLeaseOwner, owner, version, holderVersion, fresh)
-	cond := "#v = :ov"
+	atVersion := nameVersion.Equal(num(version))
 	if version == 0 { // what a record shows for an absent or unusable version
-		cond = "(attribute_not_exists(#v) OR #v = :ov OR NOT attribute_type(#v, :tn))"
+		atVersion = expression.Or(nameVersion.AttributeNotExists(), atVersion, expression.Not(nameVersion.AttributeType(expression.Number)))
 	}
-	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName:           &s.cfg.Table,
-		Key:                 key(id),
-		UpdateExpression:    aws.String("SET #e = :zero, #v = :fresh, #st = :st, #sa = :now, #se = :note, #lr = :lr REMOVE #o"),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND #o = :o AND " + cond),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-			"#v", schema.AttrLeaseVersion, "#st", schema.AttrStatus, "#sa", schema.AttrStatusAt,
-			"#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair),
-		ExpressionAttributeValues: withTypeN(cond, map[string]types.AttributeValue{
-			":o": codec.S(owner), ":ov": codec.N(version), ":zero": codec.N(0), ":fresh": codec.N(fresh),
-			":st": codec.S("repaired"), ":now": codec.N(now), ":note": codec.S(note), ":lr": codec.S(repairNote(now, note)),
-		}),
-	})
+	_, err := s.write(ctx, id, repairedRelease(fresh, "repaired", now, note), heldBy(owner, atVersion), types.ReturnValueNone)
 	switch {
 	case err == nil:
 		return nil
@@ -101,13 +85,6 @@ func (s *Store) ReleaseStale(ctx context.Context, id, owner string, version, hol
 	default:
 		return fmt.Errorf("release stale %s: %w", id, translate(err))
 	}
-}
-
-func withTypeN(cond string, vals map[string]types.AttributeValue) map[string]types.AttributeValue {
-	if strings.Contains(cond, ":tn") {
-		vals[":tn"] = codec.S("N")
-	}
-	return vals
 }
 
 // ReportInvalid writes status "invalid" and status_error problem (naming the field and
@@ -121,18 +98,12 @@ func (s *Store) ReportInvalid(ctx context.Context, id, problem string) error {
 	if problem == "" {
 		return fmt.Errorf("report invalid %s: %w: empty problem", id, ErrInvalid)
 	}
-	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName:        &s.cfg.Table,
-		Key:              key(id),
-		UpdateExpression: aws.String("SET #st = :st, #sa = :now, #se = :p"),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND (attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero) AND " +
-			"(attribute_not_exists(#se) OR #se <> :p)"),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-			"#st", schema.AttrStatus, "#sa", schema.AttrStatusAt, "#se", schema.AttrStatusError),
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":st": codec.S("invalid"), ":now": codec.N(s.nowMs()), ":p": codec.S(problem), ":zero": codec.N(0),
-		},
+	upd := setAll(codec.Item{
+		schema.AttrStatus: codec.S("invalid"), schema.AttrStatusAt: codec.N(s.nowMs()), schema.AttrStatusError: codec.S(problem),
 	})
+	cond := expression.And(namePK.AttributeExists(), ReleasedCondition(),
+		expression.Or(nameStatusError.AttributeNotExists(), nameStatusError.NotEqual(str(problem))))
+	_, err := s.write(ctx, id, upd, cond, types.ReturnValueNone)
 	switch {
 	case err == nil, isCondition(err):
 		return nil // written, or nothing to write (owned, gone, or said already)
@@ -150,28 +121,8 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 	}
 	var released []string
 	var errs []error
-	var start map[string]types.AttributeValue
-	for {
-		out, err := s.db.Query(ctx, &dynamodb.QueryInput{
-			TableName:                 &s.cfg.Table,
-			IndexName:                 aws.String(schema.IndexLeaseOwner),
-			KeyConditionExpression:    aws.String("#o = :w"),
-			ExpressionAttributeNames:  map[string]string{"#o": schema.AttrLeaseOwner},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":w": codec.S(worker)},
-			ExclusiveStartKey:         start,
-		})
-		if err != nil {
-			return released, fmt.Errorf("release all of %s: query: %w", worker, translate(err))
-		}
-		for _, k := range out.Items {
-			pk, _ := k[schema.AttrPK].(*types.AttributeValueMemberS)
-			if pk == nil {
-				continue
-			}
-			id, ok := schema.ConnID(pk.Value)
-			if !ok {
-				continue
-			}
+	_, err := OwnedBy(ctx, s.db, s.cfg.Table, worker, func(ids []string) {
+		for _, id := range ids {
 			cur, raw, err := s.get(ctx, id)
 			if err != nil {
 				errs = append(errs, err)
@@ -181,7 +132,7 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 				continue // index lag: released or re-acquired since
 			}
 			if unusableVersion(raw) {
-				err = s.releaseUnusable(ctx, id, worker, raw, "", "owner stopped", nil)
+				err = s.releaseUnusable(ctx, id, worker, raw, expression.ConditionBuilder{}, "owner stopped")
 			} else {
 				err = s.Release(ctx, Lease{ID: id, Owner: worker, Version: cur.LeaseVersion}, Progress{LastSeq: cur.LastSeq, Status: "owner stopped"})
 			}
@@ -193,10 +144,9 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 				errs = append(errs, err)
 			}
 		}
-		if len(out.LastEvaluatedKey) == 0 {
-			break
-		}
-		start = out.LastEvaluatedKey
+	})
+	if err != nil {
+		return released, fmt.Errorf("release all of %s: query: %w", worker, err)
 	}
 	return released, errors.Join(errs...)
 }

@@ -3,12 +3,9 @@ package lease
 import (
 	"context"
 	"fmt"
-	"maps"
-	"strings"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -19,24 +16,13 @@ import (
 // 0, only if it is still exactly that value.
 func (s *Store) noteRepair(ctx context.Context, l Lease, seq types.AttributeValue, note string) error {
 	now := s.nowMs()
-	set := "SET #se = :note, #lr = :lr"
-	cond := "#o = :me AND #v = :v"
-	vals := map[string]types.AttributeValue{":me": codec.S(l.Owner), ":v": codec.N(l.Version),
-		":note": codec.S(note), ":lr": codec.S(repairNote(now, note))}
-	nm := names("#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion, "#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair)
+	set := codec.Item{schema.AttrStatusError: codec.S(note), schema.AttrLastRepair: codec.S(repairNote(now, note))}
+	cond := expression.And(nameOwner.Equal(str(l.Owner)), nameVersion.Equal(num(l.Version)))
 	if _, err := codec.Int(codec.Item{schema.AttrLastSeq: seq}, schema.AttrLastSeq); err != nil {
-		c, v := valueIs("#ls", ":ols", seq)
-		set += ", #ls = :zero"
-		cond += " AND " + c
-		maps.Copy(vals, v)
-		vals[":zero"] = codec.N(0)
-		nm["#ls"] = schema.AttrLastSeq
+		set[schema.AttrLastSeq] = codec.N(0)
+		cond = expression.And(cond, valueIs(name(schema.AttrLastSeq), seq))
 	}
-	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName: &s.cfg.Table, Key: key(l.ID), UpdateExpression: aws.String(set),
-		ConditionExpression: aws.String(cond), ExpressionAttributeNames: nm, ExpressionAttributeValues: vals,
-	})
-	if err != nil {
+	if _, err := s.write(ctx, l.ID, setAll(set), cond, types.ReturnValueNone); err != nil {
 		return translate(err)
 	}
 	return nil
@@ -66,46 +52,26 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 	owner, _ := raw[schema.AttrLeaseOwner].(*types.AttributeValueMemberS)
 	rawV := raw[schema.AttrLeaseVersion]
 	v, verr := codec.Int(raw, schema.AttrLeaseVersion)
-	var set, note string
-	vals := map[string]types.AttributeValue{":me": codec.S(l.Owner), ":mine": codec.N(l.Version)}
-	conds := []string{}
+	var note string
+	set := codec.Item{schema.AttrLeaseVersion: codec.N(l.Version)}
+	var conds []expression.ConditionBuilder
 	switch {
 	case owner != nil && owner.Value == l.Owner && (rawV == nil || verr != nil):
 		note = fmt.Sprintf("%s %s on the lease of %s: restored to %d", schema.AttrLeaseVersion, codec.Describe(rawV), l.Owner, l.Version)
-		set = "SET #v = :mine"
-		conds = append(conds, "#o = :me")
+		conds = append(conds, nameOwner.Equal(str(l.Owner)))
 	case verr == nil && rawV != nil && (v < l.Version || (v == l.Version && owner != nil && owner.Value != l.Owner)) &&
 		(free(raw, now-s.cfg.SkewMargin.Milliseconds()) || (owner != nil && owner.Value == l.Owner)):
 		note = fmt.Sprintf("stale image: %s %s at version %d replaced the lease of %s at version %d; reclaimed",
 			schema.AttrLeaseOwner, codec.Describe(raw[schema.AttrLeaseOwner]), v, l.Owner, l.Version)
-		set = "SET #o = :me, #v = :mine, #e = :exp"
-		vals[":exp"] = codec.N(s.expiry(now))
-		c, cv := valueIs("#o", ":oo", raw[schema.AttrLeaseOwner])
-		conds = append(conds, c)
-		maps.Copy(vals, cv)
-		c, cv = valueIs("#e", ":oe", raw[schema.AttrLeaseExpires])
-		conds = append(conds, c)
-		maps.Copy(vals, cv)
+		set[schema.AttrLeaseOwner], set[schema.AttrLeaseExpires] = codec.S(l.Owner), codec.N(s.expiry(now))
+		conds = append(conds, valueIs(nameOwner, raw[schema.AttrLeaseOwner]), valueIs(nameExpires, raw[schema.AttrLeaseExpires]))
 	default:
 		return false, nil
 	}
-	c, cv := valueIs("#v", ":ov", rawV)
-	conds = append(conds, c)
-	maps.Copy(vals, cv)
-	vals[":note"], vals[":lr"] = codec.S(note), codec.S(repairNote(now, note))
-	nm := names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#v", schema.AttrLeaseVersion,
-		"#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair)
-	if strings.Contains(set, "#e") {
-		nm["#e"] = schema.AttrLeaseExpires
-	}
-	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName:                 &s.cfg.Table,
-		Key:                       key(l.ID),
-		UpdateExpression:          aws.String(set + ", #se = :note, #lr = :lr"),
-		ConditionExpression:       aws.String("attribute_exists(#pk) AND " + strings.Join(conds, " AND ")),
-		ExpressionAttributeNames:  nm,
-		ExpressionAttributeValues: vals,
-	})
+	set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(note), codec.S(repairNote(now, note))
+	conds = append(conds, valueIs(nameVersion, rawV))
+	_, err := s.write(ctx, l.ID, setAll(set), all(append([]expression.ConditionBuilder{namePK.AttributeExists()}, conds...)...),
+		types.ReturnValueNone)
 	switch {
 	case err == nil:
 		return true, nil
@@ -121,33 +87,14 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 // version being exactly as read. It writes a fresh version (the wall clock raised by
 // the skew margin, as an acquire repairing it would) and a status_error naming the
 // field and its value.
-func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec.Item, cond, status string,
-	vals map[string]types.AttributeValue) error {
+func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec.Item, cond expression.ConditionBuilder,
+	status string) error {
 	now := s.nowMs()
 	fresh := now + s.cfg.SkewMargin.Milliseconds()
 	rawV := raw[schema.AttrLeaseVersion]
 	note := fmt.Sprintf("%s %s on the lease of %s: released with version %d", schema.AttrLeaseVersion, codec.Describe(rawV), owner, fresh)
-	vc, vv := valueIs("#v", ":ov", rawV)
-	if vals == nil {
-		vals = map[string]types.AttributeValue{}
-	}
-	maps.Copy(vals, vv)
-	vals[":o"], vals[":rz"], vals[":fresh"], vals[":st"], vals[":now"] = codec.S(owner), codec.N(0), codec.N(fresh), codec.S(status), codec.N(now)
-	vals[":note"], vals[":lr"] = codec.S(note), codec.S(repairNote(now, note))
-	full := "attribute_exists(#pk) AND #o = :o AND " + vc
-	if cond != "" {
-		full += " AND " + cond
-	}
-	_, err := s.update(ctx, &dynamodb.UpdateItemInput{
-		TableName:           &s.cfg.Table,
-		Key:                 key(id),
-		UpdateExpression:    aws.String("SET #e = :rz, #v = :fresh, #st = :st, #sa = :now, #se = :note, #lr = :lr REMOVE #o"),
-		ConditionExpression: aws.String(full),
-		ExpressionAttributeNames: names("#pk", schema.AttrPK, "#o", schema.AttrLeaseOwner, "#e", schema.AttrLeaseExpires,
-			"#v", schema.AttrLeaseVersion, "#st", schema.AttrStatus, "#sa", schema.AttrStatusAt,
-			"#se", schema.AttrStatusError, "#lr", schema.AttrLastRepair),
-		ExpressionAttributeValues: vals,
-	})
+	_, err := s.write(ctx, id, repairedRelease(fresh, status, now, note), all(heldBy(owner, valueIs(nameVersion, rawV)), cond),
+		types.ReturnValueNone)
 	switch {
 	case err == nil:
 		return nil
@@ -156,6 +103,17 @@ func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec
 	default:
 		return fmt.Errorf("release %s (unusable version): %w", id, translate(err))
 	}
+}
+
+// repairedRelease is the update of a release that repairs the lease: owner removed,
+// lease_expires_at_ms 0, a fresh version, status (stamped now), and note in
+// status_error and last_repair.
+func repairedRelease(fresh int64, status string, now int64, note string) expression.UpdateBuilder {
+	return setAll(codec.Item{
+		schema.AttrLeaseExpires: codec.N(0), schema.AttrLeaseVersion: codec.N(fresh),
+		schema.AttrStatus: codec.S(status), schema.AttrStatusAt: codec.N(now),
+		schema.AttrStatusError: codec.S(note), schema.AttrLastRepair: codec.S(repairNote(now, note)),
+	}).Remove(nameOwner)
 }
 
 // unusableVersion: the item names an owner but its lease_version is absent or will
