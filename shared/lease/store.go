@@ -45,9 +45,9 @@ type Config struct {
 	Membership bool
 }
 
-// Defaults, for callers that renew per connection (stream mode instead sets
-// Membership and never renews; its workers and the reconciler use a 2 s margin,
-// membership.DefaultSkew).
+// Defaults of a Config that sets none, for callers that renew per connection. The
+// fleet's workers and reconciler set their margin explicitly, from EnvSkewMargin or
+// schema.DefaultSkewMargin (2 s); this 5 s fallback is not theirs.
 const (
 	DefaultDuration   = 60 * time.Second
 	DefaultSkewMargin = 5 * time.Second
