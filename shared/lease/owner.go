@@ -78,9 +78,9 @@ func (s *Store) ownerWrite(ctx context.Context, op string, l Lease, upd expressi
 	return s.ownerWriteIf(ctx, op, l, upd, expression.ConditionBuilder{}, done)
 }
 
-// ownerWriteIf is ownerWrite with a further condition (cond; the zero value for none): a write
-// refused by it alone, the lease still l's, is ErrNotStarted when cond is on the
-// desired state (the only one used), else ErrLost.
+// ownerWriteIf is ownerWrite with a further condition (cond; the zero value for
+// none): a write refused by it alone, the lease still l's, is ErrNotStarted when cond
+// is on the desired state (the only one used), else ErrLost.
 func (s *Store) ownerWriteIf(ctx context.Context, op string, l Lease, upd expression.UpdateBuilder,
 	cond expression.ConditionBuilder, done func(codec.Connection) bool) (codec.Connection, error) {
 	if err := validIDs(l.ID, l.Owner); err != nil {
