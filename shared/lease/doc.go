@@ -24,7 +24,10 @@
 //     is resolved by reading the item back, so callers see the true result.
 //   - ReadOwned is eventually consistent and never writes: callers confirm what it
 //     shows with a conditional write before acting on it.
-//   - Errors are the sentinels below, wrapped with context; no SDK type leaks out.
+//   - Errors are the package's sentinels (ErrHeld, ErrLost, …), wrapped with context;
+//     no SDK error type leaks out. (FreeCondition and ReleasedCondition are SDK
+//     expression builders on purpose: other packages embed them in their own
+//     requests.)
 //   - Fencing versions never repeat. Each acquire writes a version from a hybrid
 //     logical clock: at least the stored version + 1 and at least the wall clock in
 //     ms. An outside write that rolls the stored version back (a console save of an
