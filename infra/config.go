@@ -45,9 +45,8 @@ const (
 
 // skewMargin is the clock-skew allowance shared by the worker (it self-fences this
 // much before its lease ends in anyone's view, twice over) and the sweep (it only
-// releases leases expired by more than this). Fargate hosts sync time through the
-// Amazon Time Sync Service, which keeps skew in the milliseconds.
-const skewMargin = 2 * time.Second
+// releases leases expired by more than this): the fleet's, schema.DefaultSkewMargin.
+const skewMargin = schema.DefaultSkewMargin
 
 // Config is what the context knobs decide. The zero value is not valid; start from
 // DefaultConfig.
@@ -137,8 +136,9 @@ var (
 )
 var secretsPrefixPattern = regexp.MustCompile(`^[A-Za-z0-9/_+=.@-]{0,256}$`)
 
-// Validate checks every knob and the timing rule lease > renew deadline ≥ 2 × renew
-// interval, and reports all problems at once.
+// Validate checks every knob and the timing rules: the deployment's, lease > renew
+// deadline ≥ 2 × renew interval, and the workers' own (schema.CheckTimings), and
+// reports all problems at once.
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -161,6 +161,13 @@ func (c Config) Validate() error {
 	} else if c.RenewSeconds >= 1 && c.RenewDeadline() < 2*time.Duration(c.RenewSeconds)*time.Second {
 		bad(ctxLeaseSeconds, "%d with %s %d: the renew deadline (lease − %v) must leave room for two renew intervals, so %s must be at least %d",
 			c.LeaseSeconds, ctxRenewSeconds, c.RenewSeconds, 2*skewMargin, ctxLeaseSeconds, 2*c.RenewSeconds+int(2*skewMargin/time.Second))
+	} else if c.RenewSeconds >= 1 {
+		// The rule above is the deployment's, stricter than the workers' own; the
+		// workers' must hold too, or they would refuse to start.
+		lease, renew := time.Duration(c.LeaseSeconds)*time.Second, time.Duration(c.RenewSeconds)*time.Second
+		if err := schema.CheckTimings(lease, c.RenewDeadline(), renew, skewMargin); err != nil {
+			bad(ctxLeaseSeconds, "%d with %s %d: %v", c.LeaseSeconds, ctxRenewSeconds, c.RenewSeconds, err)
+		}
 	}
 	if c.VpcID != "" && !vpcIDPattern.MatchString(c.VpcID) {
 		bad(ctxVpcID, "%q is not a VPC id (vpc-…)", c.VpcID)

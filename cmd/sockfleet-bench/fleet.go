@@ -19,7 +19,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
@@ -148,7 +147,7 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 		cfg.SweepEvery = sweepPeriod
 		cfg.ReconcilerEnv = []string{
 			schema.EnvSweepPeriod + "=" + sweepPeriod.String(),
-			schema.EnvSkewMargin + "=" + reaper.DefaultSkew.String(),
+			schema.EnvSkewMargin + "=" + schema.DefaultSkewMargin.String(),
 			"AWS_ENDPOINT_URL_DYNAMODB=" + f.recon.Endpoint(),
 		}
 	}

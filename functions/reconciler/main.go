@@ -43,7 +43,7 @@ func main() {
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 	table := env(schema.EnvTable, schema.DefaultTableName)
-	skew, err1 := duration(schema.EnvSkewMargin, reaper.DefaultSkew)
+	skew, err1 := duration(schema.EnvSkewMargin, schema.DefaultSkewMargin)
 	nudge, err2 := duration(schema.EnvNudgeAfter, sweep.DefaultNudgeAfter)
 	period, err3 := duration(schema.EnvSweepPeriod, sweep.DefaultPeriod)
 	maxItems, err4 := integer(schema.EnvSweepMaxItems, sweep.DefaultMaxItems)

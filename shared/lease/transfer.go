@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -40,20 +39,14 @@ func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress, re
 	nv := max(l.Version+1, now)
 	exp := s.expiry(now)
 	note := fmt.Sprintf("handed off from %s (version %d)", l.Owner, l.Version)
-	set := "SET #o = :to, #v = :nv, #e = :exp, #ls = :seq, #st = :st, #sa = :now, #se = :se"
+	set := progress(codec.Item{
+		schema.AttrLeaseOwner: codec.S(to), schema.AttrLeaseVersion: codec.N(nv), schema.AttrLeaseExpires: codec.N(exp),
+	}, Progress{LastSeq: p.LastSeq, Epoch: p.Epoch, Status: StatusHandedOff, Error: note}, now)
 	if rebalance {
-		set += ", #ma = :now"
+		set[schema.AttrMovedAt] = codec.N(now)
 	}
-	vals := map[string]types.AttributeValue{
-		":to": codec.S(to), ":nv": codec.N(nv), ":exp": codec.N(exp), ":seq": codec.N(p.LastSeq),
-		":now": codec.N(now), ":st": codec.S(StatusHandedOff), ":se": codec.S(note),
-		":started": codec.S(string(schema.Started)),
-	}
-	if p.Epoch != 0 {
-		set += ", #qe = :qe"
-		vals[":qe"] = codec.N(p.Epoch)
-	}
-	c, err := s.ownerWriteIf(ctx, "transfer", l, set, "#d = :started", vals, func(c codec.Connection) bool {
+	started := nameState.Equal(str(string(schema.Started)))
+	c, err := s.ownerWriteIf(ctx, "transfer", l, setAll(set), started, func(c codec.Connection) bool {
 		return c.LeaseOwner == to && c.LeaseVersion == nv && c.LastSeq == p.LastSeq
 	})
 	if err != nil {

@@ -181,7 +181,7 @@ func newStackWith(t *testing.T, o stackOpts) *stack {
 	}
 	s.h, err = handler.New(handler.Config{ClusterARN: fleet.ClusterARN(cluster), WakeupTimeout: wakeupTimeout},
 		handler.Deps{Registry: s.reg, Leases: s.store, Sweeper: sw, Sender: s.sender, Log: log, Rounds: rr,
-			Members: &reaper.Reaper{Registry: s.reg, Leases: s.store, Skew: reaper.DefaultSkew, Log: log}})
+			Members: &reaper.Reaper{Registry: s.reg, Leases: s.store, Skew: schema.DefaultSkewMargin, Log: log}})
 	if err != nil {
 		t.Fatal(err)
 	}

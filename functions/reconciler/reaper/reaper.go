@@ -62,10 +62,6 @@ type Leases interface {
 
 // Defaults.
 const (
-	// DefaultSkew is the skew margin of stream-mode workers and the reconciler: Fargate
-	// hosts sync time through the Amazon Time Sync Service, which keeps skew in the
-	// milliseconds; 2 s leaves three orders of magnitude.
-	DefaultSkew = 2 * time.Second
 	// DefaultEvery: heartbeats arrive every renew interval per worker, so a lapse is
 	// acted on within about this long after it passes the skew margin.
 	DefaultEvery = 2 * time.Second
@@ -84,7 +80,7 @@ const (
 type Reaper struct {
 	Registry Registry
 	Leases   Leases
-	Skew     time.Duration // the skew margin; the workers' must not exceed it
+	Skew     time.Duration // the skew margin (schema.DefaultSkewMargin); the workers' must not exceed it
 	Every    time.Duration // default DefaultEvery
 	RetryFor time.Duration // default DefaultRetryFor
 	Quiet    time.Duration // default DefaultQuiet

@@ -4,9 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -27,7 +26,7 @@ type Reader struct {
 }
 
 // BatchLimit is the most keys one BatchGetItem request carries.
-const BatchLimit = 100
+const BatchLimit = lease.BatchGetLimit
 
 // Candidate is what a round reads of one connection.
 type Candidate struct {
@@ -43,40 +42,12 @@ type Candidate struct {
 // units the queries consumed. The index lags the table, and names released
 // connections too (a release keeps lease_owner): Read tells them apart.
 func (r *Reader) OwnedBy(ctx context.Context, worker string) ([]string, float64, error) {
-	if err := schema.ValidateID(worker); err != nil {
-		return nil, 0, fmt.Errorf("connections of %s: %w", worker, err)
-	}
 	var ids []string
-	var units float64
-	var start map[string]types.AttributeValue
-	for {
-		out, err := r.DB.Query(ctx, &dynamodb.QueryInput{
-			TableName:                 &r.Table,
-			IndexName:                 aws.String(schema.IndexLeaseOwner),
-			KeyConditionExpression:    aws.String("#o = :w"),
-			ExpressionAttributeNames:  map[string]string{"#o": schema.AttrLeaseOwner},
-			ExpressionAttributeValues: map[string]types.AttributeValue{":w": codec.S(worker)},
-			ExclusiveStartKey:         start,
-			ReturnConsumedCapacity:    types.ReturnConsumedCapacityTotal,
-		})
-		if err != nil {
-			return ids, units, fmt.Errorf("connections of %s: %w", worker, err)
-		}
-		if out.ConsumedCapacity != nil {
-			units += aws.ToFloat64(out.ConsumedCapacity.CapacityUnits)
-		}
-		for _, k := range out.Items {
-			if pk, ok := k[schema.AttrPK].(*types.AttributeValueMemberS); ok {
-				if id, ok := schema.ConnID(pk.Value); ok {
-					ids = append(ids, id)
-				}
-			}
-		}
-		if len(out.LastEvaluatedKey) == 0 {
-			return ids, units, nil
-		}
-		start = out.LastEvaluatedKey
+	units, err := lease.OwnedBy(ctx, r.DB, r.Table, worker, func(page []string) { ids = append(ids, page...) })
+	if err != nil {
+		return ids, units, fmt.Errorf("connections of %s: %w", worker, err)
 	}
+	return ids, units, nil
 }
 
 // Read reads ids (at most BatchLimit) with one eventually consistent BatchGetItem,
@@ -84,59 +55,23 @@ func (r *Reader) OwnedBy(ctx context.Context, worker string) ([]string, float64,
 // a Candidate per id it answered for (absent items with Found false; unprocessed
 // keys are left out) and the read units consumed.
 func (r *Reader) Read(ctx context.Context, ids []string) (map[string]Candidate, float64, error) {
-	if len(ids) == 0 {
-		return nil, 0, nil
-	}
-	if len(ids) > BatchLimit {
-		return nil, 0, fmt.Errorf("read candidates: %d ids, limit %d", len(ids), BatchLimit)
-	}
-	keys := make([]map[string]types.AttributeValue, 0, len(ids))
-	for _, id := range ids {
-		if err := schema.ValidateID(id); err != nil {
-			return nil, 0, fmt.Errorf("read candidate %q: %w", id, err)
-		}
-		keys = append(keys, map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))})
-	}
-	out, err := r.DB.BatchGetItem(ctx, &dynamodb.BatchGetItemInput{
-		RequestItems: map[string]types.KeysAndAttributes{r.Table: {
-			Keys:                 keys,
-			ConsistentRead:       aws.Bool(false),
-			ProjectionExpression: aws.String("#pk, #d, #o, #e, #v, #m"),
-			ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK, "#d": schema.AttrDesiredState,
-				"#o": schema.AttrLeaseOwner, "#e": schema.AttrLeaseExpires, "#v": schema.AttrLeaseVersion, "#m": schema.AttrMovedAt},
-		}},
-		ReturnConsumedCapacity: types.ReturnConsumedCapacityTotal,
-	})
+	items, units, err := lease.ReadItems(ctx, r.DB, r.Table, ids, schema.AttrDesiredState,
+		schema.AttrLeaseOwner, schema.AttrLeaseExpires, schema.AttrLeaseVersion, schema.AttrMovedAt)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read candidates: %w", err)
 	}
-	var units float64
-	for _, c := range out.ConsumedCapacity {
-		units += aws.ToFloat64(c.CapacityUnits)
+	if items == nil {
+		return nil, 0, nil
 	}
-	got := make(map[string]Candidate, len(ids))
-	for _, id := range ids {
-		got[id] = Candidate{}
-	}
-	for _, it := range out.Responses[r.Table] {
-		pk, _ := it[schema.AttrPK].(*types.AttributeValueMemberS)
-		if pk == nil {
-			continue
-		}
-		id, ok := schema.ConnID(pk.Value)
-		if !ok {
+	got := make(map[string]Candidate, len(items))
+	for id, it := range items {
+		if it == nil {
+			got[id] = Candidate{}
 			continue
 		}
 		c, _ := codec.DecodeConnection(it) // the lease fields survive a bad operator field
 		got[id] = Candidate{Found: true, Owner: c.LeaseOwner, Held: c.Owned(), Started: c.DesiredState == schema.Started,
 			LeaseVersion: c.LeaseVersion, MovedAtMs: max(0, c.MovedAtMs)}
-	}
-	for _, k := range out.UnprocessedKeys[r.Table].Keys {
-		if pk, ok := k[schema.AttrPK].(*types.AttributeValueMemberS); ok {
-			if id, ok := schema.ConnID(pk.Value); ok {
-				delete(got, id)
-			}
-		}
 	}
 	return got, units, nil
 }

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/lease"
@@ -392,18 +393,24 @@ func Nudge(ctx context.Context, db DynamoDB, table, id string, now time.Time) (b
 	if err := schema.ValidateID(id); err != nil {
 		return false, fmt.Errorf("nudge: %w", err)
 	}
-	_, err := db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
-		TableName:           &table,
-		Key:                 map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
-		UpdateExpression:    aws.String("SET #n = :now, #e = :zero, #sa = if_not_exists(#sa, :now)"),
-		ConditionExpression: aws.String("attribute_exists(#pk) AND #d = :started AND (attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero)"),
-		ExpressionAttributeNames: map[string]string{
-			"#pk": schema.AttrPK, "#n": schema.AttrNudgedAt, "#e": schema.AttrLeaseExpires,
-			"#d": schema.AttrDesiredState, "#o": schema.AttrLeaseOwner, "#sa": schema.AttrStatusAt,
-		},
-		ExpressionAttributeValues: map[string]types.AttributeValue{
-			":now": codec.N(now.UnixMilli()), ":zero": codec.N(0), ":started": codec.S(string(schema.Started)),
-		},
+	nowV := expression.Value(codec.N(now.UnixMilli()))
+	upd := expression.Set(expression.Name(schema.AttrNudgedAt), nowV).
+		Set(expression.Name(schema.AttrLeaseExpires), expression.Value(codec.N(0))).
+		Set(expression.Name(schema.AttrStatusAt), expression.IfNotExists(expression.Name(schema.AttrStatusAt), nowV))
+	cond := expression.And(expression.Name(schema.AttrPK).AttributeExists(),
+		expression.Name(schema.AttrDesiredState).Equal(expression.Value(codec.S(string(schema.Started)))),
+		lease.ReleasedCondition())
+	e, err := expression.NewBuilder().WithUpdate(upd).WithCondition(cond).Build()
+	if err != nil {
+		return false, fmt.Errorf("nudge %s: %w", id, err)
+	}
+	_, err = db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &table,
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
+		UpdateExpression:          e.Update(),
+		ConditionExpression:       e.Condition(),
+		ExpressionAttributeNames:  e.Names(),
+		ExpressionAttributeValues: e.Values(),
 	})
 	var ccf *types.ConditionalCheckFailedException
 	switch {

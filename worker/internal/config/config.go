@@ -90,7 +90,7 @@ type Config struct {
 // every worker polling for orphans every 5 s (with jitter). The margin is 2 s.
 func PollingDefaults(c Config) Config {
 	c.Mode = schema.ModePolling
-	c.Lease, c.RenewInterval, c.RenewDeadline, c.SkewMargin = 20*time.Second, 5*time.Second, 15*time.Second, 2*time.Second
+	c.Lease, c.RenewInterval, c.RenewDeadline, c.SkewMargin = 20*time.Second, 5*time.Second, 15*time.Second, schema.DefaultSkewMargin
 	c.PollInterval = 5 * time.Second
 	return c
 }
@@ -113,7 +113,7 @@ func Defaults() Config {
 		Lease:              11 * time.Second,
 		RenewInterval:      3 * time.Second,
 		RenewDeadline:      7 * time.Second,
-		SkewMargin:         2 * time.Second,
+		SkewMargin:         schema.DefaultSkewMargin,
 		CheckpointInterval: 30 * time.Second,
 		BackstopInterval:   time.Minute,
 		DrainTimeout:       60 * time.Second,
@@ -155,17 +155,8 @@ func (c *Config) Validate() error {
 	if c.MaxConnections <= 0 {
 		bad(schema.EnvMaxConnections, "%d must be positive", c.MaxConnections)
 	}
-	switch {
-	case c.RenewInterval <= 0:
-		bad(schema.EnvRenewInterval, "%s must be positive", c.RenewInterval)
-	case c.RenewDeadline <= c.RenewInterval:
-		bad(schema.EnvRenewDeadline, "%s must be longer than %s (%s)", c.RenewDeadline, schema.EnvRenewInterval, c.RenewInterval)
-	case c.Lease <= c.RenewDeadline:
-		bad(schema.EnvLease, "%s must be longer than %s (%s)", c.Lease, schema.EnvRenewDeadline, c.RenewDeadline)
-	case c.SkewMargin < 0 || c.Lease-c.SkewMargin <= c.RenewInterval:
-		// Otherwise a lease would fence itself before its next renew.
-		bad(schema.EnvSkewMargin, "%s must be at least 0 and leave more than %s (%s) of the lease (%s)",
-			c.SkewMargin, schema.EnvRenewInterval, c.RenewInterval, c.Lease)
+	if err := schema.CheckTimings(c.Lease, c.RenewDeadline, c.RenewInterval, c.SkewMargin); err != nil {
+		errs = append(errs, err) // names the variable, as bad does
 	}
 	if w := owner.SinkWindow(c.Lease, c.RenewDeadline, c.SkewMargin); w <= 0 || c.SinkTimeout < 0 || c.SinkTimeout > w {
 		bad(schema.EnvSinkTimeout, "%s must be positive and fit in the %s between the fence deadline and the lease less the skew margin",

@@ -91,12 +91,8 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.MaxConnections <= 0 {
 		return nil, fmt.Errorf("owner config: max connections %d must be positive", cfg.MaxConnections)
 	}
-	if !(cfg.Lease > cfg.RenewDeadline && cfg.RenewDeadline > cfg.RenewInterval && cfg.RenewInterval > 0) {
-		return nil, fmt.Errorf("owner config: want lease %s > renew deadline %s > renew interval %s > 0",
-			cfg.Lease, cfg.RenewDeadline, cfg.RenewInterval)
-	}
-	if cfg.SkewMargin < 0 || cfg.SkewMargin >= cfg.Lease {
-		return nil, fmt.Errorf("owner config: skew margin %s must be in [0, lease %s)", cfg.SkewMargin, cfg.Lease)
+	if err := schema.CheckTimings(cfg.Lease, cfg.RenewDeadline, cfg.RenewInterval, cfg.SkewMargin); err != nil {
+		return nil, fmt.Errorf("owner config: %w", err)
 	}
 	if cfg.DrainTimeout <= 0 {
 		return nil, fmt.Errorf("owner config: drain timeout %s must be positive", cfg.DrainTimeout)

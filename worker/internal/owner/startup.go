@@ -7,9 +7,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
@@ -34,21 +35,23 @@ type Scanner interface {
 // member's leases from a live one's anyway (docs/MEMBERSHIP.md, "Dead-member
 // detection", is how those are found).
 func ScanCandidates(ctx context.Context, db Scanner, table string, now time.Time, margin time.Duration, limit int) ([]string, error) {
+	filter := expression.And(expression.Name(schema.AttrPK).BeginsWith(schema.ConnPrefix),
+		expression.Name(schema.AttrDesiredState).Equal(expression.Value(codec.S(string(schema.Started)))),
+		lease.FreeCondition(now.Add(-margin).UnixMilli()))
+	e, err := expression.NewBuilder().WithFilter(filter).WithProjection(expression.NamesList(expression.Name(schema.AttrPK))).Build()
+	if err != nil {
+		return nil, fmt.Errorf("start-up scan: %w", err)
+	}
 	var ids []string
 	var start map[string]types.AttributeValue
 	for {
 		out, err := db.Scan(ctx, &dynamodb.ScanInput{
-			TableName:            &table,
-			ProjectionExpression: aws.String("#pk"),
-			FilterExpression: aws.String("begins_with(#pk, :conn) AND #d = :started AND " +
-				"(attribute_not_exists(#o) OR attribute_not_exists(#e) OR #e = :zero OR #e < :stale)"),
-			ExpressionAttributeNames: map[string]string{"#pk": schema.AttrPK, "#d": schema.AttrDesiredState,
-				"#o": schema.AttrLeaseOwner, "#e": schema.AttrLeaseExpires},
-			ExpressionAttributeValues: map[string]types.AttributeValue{
-				":conn": codec.S(schema.ConnPrefix), ":started": codec.S(string(schema.Started)),
-				":zero": codec.N(0), ":stale": codec.N(now.Add(-margin).UnixMilli()),
-			},
-			ExclusiveStartKey: start,
+			TableName:                 &table,
+			ProjectionExpression:      e.Projection(),
+			FilterExpression:          e.Filter(),
+			ExpressionAttributeNames:  e.Names(),
+			ExpressionAttributeValues: e.Values(),
+			ExclusiveStartKey:         start,
 		})
 		if err != nil {
 			return ids, fmt.Errorf("start-up scan: %w", err)

@@ -1,0 +1,125 @@
+package lease
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/aws/aws-sdk-go-v2/feature/dynamodb/expression"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
+	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
+)
+
+// The conditions every lease write is made of. They are expression builders, not
+// text: a request's expression, names and values are produced together from them
+// (see dynamo.go), so a condition can be shared with other packages and cannot
+// drift from the maps that go with it.
+
+// Attribute names as expression operands.
+var (
+	namePK          = name(schema.AttrPK)
+	nameState       = name(schema.AttrDesiredState)
+	nameOwner       = name(schema.AttrLeaseOwner)
+	nameExpires     = name(schema.AttrLeaseExpires)
+	nameVersion     = name(schema.AttrLeaseVersion)
+	nameStatusError = name(schema.AttrStatusError)
+)
+
+func name(attr string) expression.NameBuilder { return expression.NameNoDotSplit(attr) }
+
+func num(n int64) expression.ValueBuilder { return expression.Value(codec.N(n)) }
+
+func str(s string) expression.ValueBuilder { return expression.Value(codec.S(s)) }
+
+// FreeCondition is the condition that a lease is free to take at staleMs (the
+// taker's clock less the skew margin, in epoch ms): it names no owner, has no expiry,
+// is released (expiry 0), or expired before staleMs. A membership lease
+// (schema.LeaseHeldByMember) never expires, so it is free only once released. Acquire
+// writes under it; a query for candidates may filter with it, but only Acquire's
+// write decides.
+func FreeCondition(staleMs int64) expression.ConditionBuilder {
+	return expression.Or(nameOwner.AttributeNotExists(), nameExpires.AttributeNotExists(),
+		nameExpires.Equal(num(0)), nameExpires.LessThan(num(staleMs)))
+}
+
+// ReleasedCondition is FreeCondition without the expiry clause: the item names no
+// owner, has no expiry, or is released (expiry 0). It needs no clock: writes that
+// must never race a live owner, however late, use it.
+func ReleasedCondition() expression.ConditionBuilder {
+	return expression.Or(nameOwner.AttributeNotExists(), nameExpires.AttributeNotExists(),
+		nameExpires.Equal(num(0)))
+}
+
+// free is FreeCondition evaluated on a raw item (DynamoDB compares a number with a
+// string as false, so an unusable expiry is not free).
+func free(raw codec.Item, staleMs int64) bool {
+	if raw[schema.AttrLeaseOwner] == nil || raw[schema.AttrLeaseExpires] == nil {
+		return true
+	}
+	e, err := codec.Int(raw, schema.AttrLeaseExpires)
+	return err == nil && (e == 0 || e < staleMs)
+}
+
+// startedCondition: the item exists and its desired_state is STARTED.
+func startedCondition() expression.ConditionBuilder {
+	return expression.And(namePK.AttributeExists(), nameState.Equal(str(string(schema.Started))))
+}
+
+// ownerCondition is the condition of every owner write: the item exists, and l's
+// owner holds it at l's version.
+func ownerCondition(l Lease) expression.ConditionBuilder {
+	return heldBy(l.Owner, nameVersion.Equal(num(l.Version)))
+}
+
+// heldBy: the item exists, owner holds it, and version (a condition on the
+// lease_version) holds.
+func heldBy(owner string, version expression.ConditionBuilder) expression.ConditionBuilder {
+	return expression.And(namePK.AttributeExists(), nameOwner.Equal(str(owner)), version)
+}
+
+// expiredBefore: the lease is unreleased and expired before staleMs (the sweep's
+// release).
+func expiredBefore(staleMs int64) expression.ConditionBuilder {
+	return expression.And(nameExpires.GreaterThan(num(0)), nameExpires.LessThan(num(staleMs)))
+}
+
+// valueIs is the condition that attribute n is exactly v as read: absent, the same
+// number or string, or, for any other type, still neither a number nor a string.
+func valueIs(n expression.NameBuilder, v types.AttributeValue) expression.ConditionBuilder {
+	switch v.(type) {
+	case nil:
+		return n.AttributeNotExists()
+	case *types.AttributeValueMemberN, *types.AttributeValueMemberS:
+		return n.Equal(expression.Value(v))
+	}
+	return expression.And(n.AttributeExists(), expression.Not(n.AttributeType(expression.Number)),
+		expression.Not(n.AttributeType(expression.String)))
+}
+
+// all is the conjunction of the conditions that are set (the zero ConditionBuilder
+// is not).
+func all(cs ...expression.ConditionBuilder) expression.ConditionBuilder {
+	var set []expression.ConditionBuilder
+	for _, c := range cs {
+		if c.IsSet() {
+			set = append(set, c)
+		}
+	}
+	switch len(set) {
+	case 0:
+		return expression.ConditionBuilder{}
+	case 1:
+		return set[0]
+	}
+	return expression.And(set[0], set[1], set[2:]...)
+}
+
+// setAll is the update that sets each attribute of set to its value, in name order
+// (so the expression text is the same for the same writes).
+func setAll(set codec.Item) expression.UpdateBuilder {
+	var u expression.UpdateBuilder
+	for _, k := range slices.Sorted(maps.Keys(set)) {
+		u = u.Set(name(k), expression.Value(set[k]))
+	}
+	return u
+}
