@@ -1,11 +1,9 @@
 package wakeup
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 )
@@ -25,33 +23,13 @@ func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	ts := Timestamp(now())
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+Path, bytes.NewReader(body))
-	if err != nil {
-		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(HeaderTimestamp, ts)
-	hr.Header.Set(HeaderSignature, Sign(c.Secret, ts, body))
 	hc := c.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: 2 * time.Second}
 	}
-	resp, err := hc.Do(hr)
+	data, err := SignedPost{Secret: c.Secret, HTTP: hc, Now: c.Now}.Do(ctx, "http://"+addr+Path, body, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
-	if err != nil {
-		return Response{}, fmt.Errorf("wakeup %s: read reply: %w", addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Response{}, fmt.Errorf("wakeup %s: status %d: %.200s", addr, resp.StatusCode, data)
 	}
 	out, err := DecodeResponse(data)
 	if err != nil {

@@ -11,12 +11,10 @@
 package handoff
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -121,18 +119,6 @@ func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, 
 	if err != nil {
 		return Response{}, err
 	}
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	ts := wakeup.Timestamp(now())
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+Path, bytes.NewReader(body))
-	if err != nil {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: %w", req.Op, req.Conn, addr, err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(wakeup.HeaderTimestamp, ts)
-	hr.Header.Set(wakeup.HeaderSignature, wakeup.Sign(c.Secret, ts, body))
 	hc := c.HTTP
 	if hc == nil {
 		t := c.Timeout
@@ -141,17 +127,9 @@ func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, 
 		}
 		hc = &http.Client{Timeout: t}
 	}
-	resp, err := hc.Do(hr)
+	data, err := wakeup.SignedPost{Secret: c.Secret, HTTP: hc, Now: c.Now}.Do(ctx, "http://"+addr+Path, body, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("handoff %s %s to %s: %w", req.Op, req.Conn, addr, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
-	if err != nil {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: read reply: %w", req.Op, req.Conn, addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: status %d: %.200s", req.Op, req.Conn, addr, resp.StatusCode, data)
 	}
 	var out Response
 	if err := json.Unmarshal(data, &out); err != nil {
