@@ -2,7 +2,6 @@ package wakeup
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -19,15 +18,8 @@ type Client struct {
 // Any error means the worker did not answer usefully: the caller re-routes all ids.
 func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, error) {
 	req.V = Version
-	body, err := json.Marshal(req)
-	if err != nil {
-		return Response{}, err
-	}
-	hc := c.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: 2 * time.Second}
-	}
-	data, err := SignedPost{Secret: c.Secret, HTTP: hc, Now: c.Now}.Do(ctx, "http://"+addr+Path, body, MaxBody)
+	post := SignedPost{Secret: c.Secret, HTTP: c.HTTP, Now: c.Now, Timeout: 2 * time.Second}
+	data, err := post.JSON(ctx, "http://"+addr+Path, req, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
 	}

@@ -3,6 +3,7 @@ package wakeup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,8 +16,19 @@ import (
 // Replay.
 type SignedPost struct {
 	Secret []byte
-	HTTP   *http.Client     // required
+	HTTP   *http.Client     // default: a client with Timeout
 	Now    func() time.Time // default time.Now
+	// Timeout bounds one call when HTTP is nil; 0: no bound but ctx's.
+	Timeout time.Duration
+}
+
+// JSON posts v, encoded as JSON, as Do does.
+func (p SignedPost) JSON(ctx context.Context, url string, v any, max int64) ([]byte, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode: %w", err)
+	}
+	return p.Do(ctx, url, body, max)
 }
 
 // Do posts body to url and returns the body of a 200 answer, read up to max bytes.
@@ -35,7 +47,11 @@ func (p SignedPost) Do(ctx context.Context, url string, body []byte, max int64) 
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderTimestamp, ts)
 	req.Header.Set(HeaderSignature, Sign(p.Secret, ts, body))
-	resp, err := p.HTTP.Do(req)
+	hc := p.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: p.Timeout}
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}

@@ -23,7 +23,8 @@ func TestSignedPostGolden(t *testing.T) {
 	}))
 	defer srv.Close()
 	p := SignedPost{Secret: secret, HTTP: srv.Client(), Now: func() time.Time { return time.UnixMilli(1_764_680_000_000) }}
-	reply, err := p.Do(context.Background(), srv.URL+Path, []byte(body), MaxBody)
+	req := Request{V: Version, Conns: []Conn{{ID: "a", LeaseVersion: 3, Reason: NeedsOwner}}}
+	reply, err := p.JSON(context.Background(), srv.URL+Path, req, MaxBody)
 	if err != nil || string(reply) != `{"v":1}` {
 		t.Fatalf("Do = %q, %v", reply, err)
 	}
@@ -47,7 +48,7 @@ func TestSignedPostVerifies(t *testing.T) {
 		_, _ = io.WriteString(w, "ok")
 	}))
 	defer srv.Close()
-	p := SignedPost{Secret: secret, HTTP: srv.Client()}
+	p := SignedPost{Secret: secret, Timeout: 5 * time.Second} // its own client
 	if reply, err := p.Do(context.Background(), srv.URL, []byte(`{}`), 16); err != nil || string(reply) != "ok" {
 		t.Fatalf("Do = %q, %v", reply, err)
 	}

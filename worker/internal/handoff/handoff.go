@@ -11,6 +11,7 @@
 package handoff
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -115,19 +116,8 @@ type Client struct {
 // means no usable answer: the caller cannot know whether it was acted on.
 func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, error) {
 	req.V = Version
-	body, err := json.Marshal(req)
-	if err != nil {
-		return Response{}, err
-	}
-	hc := c.HTTP
-	if hc == nil {
-		t := c.Timeout
-		if t == 0 {
-			t = 10 * time.Second
-		}
-		hc = &http.Client{Timeout: t}
-	}
-	data, err := wakeup.SignedPost{Secret: c.Secret, HTTP: hc, Now: c.Now}.Do(ctx, "http://"+addr+Path, body, MaxBody)
+	post := wakeup.SignedPost{Secret: c.Secret, HTTP: c.HTTP, Now: c.Now, Timeout: cmp.Or(c.Timeout, 10*time.Second)}
+	data, err := post.JSON(ctx, "http://"+addr+Path, req, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("handoff %s %s to %s: %w", req.Op, req.Conn, addr, err)
 	}
