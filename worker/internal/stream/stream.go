@@ -1,3 +1,23 @@
+// Package stream runs one upstream WebSocket connection: dial resuming after the last
+// acknowledged sequence, read, hand messages to the sink, and reconnect with
+// exponential backoff and jitter when the upstream refuses or drops it.
+//
+// Guarantees: one reader goroutine per socket and one writer at a time (the open
+// messages from the connecting goroutine, then pings and the keepalive from the
+// socket's timer, never two at once), with ping/pong deadlines, a read limit and a
+// handshake timeout; LastSeq only moves after the sink acknowledged; Run returns
+// only after every goroutine it started has exited and no socket timer can fire. A
+// malformed frame is counted and handled by the BadPolicy; it never stops the stream.
+//
+// Non-guarantee: this package knows nothing of leases. Its caller (the ownership
+// loop) cancels Run's context when the lease is lost, fenced, stopped or drained.
+//
+// Files: stream.go runs the reconnect loop and a session's sockets; dial.go makes
+// the handshake and sends the open messages; socket.go starts and closes a socket;
+// reader.go is a socket's one reader, writer.go its timer-driven writer; deliver.go
+// writes batches to the sink; rotation.go replaces a socket make-before-break;
+// seq.go follows the upstream's numbering; config.go and factory.go hold the
+// settings and make a worker's streams.
 package stream
 
 import (
