@@ -52,12 +52,8 @@ func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct
 		}
 		wait := Backoff(failures, s.cfg.BackoffMin, s.cfg.BackoffMax, s.cfg.Jitter())
 		s.cfg.Log.Info("rotation dial failed; the old socket streams on", "conn", s.id, "err", err, "wait", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if _, err := sleep(ctx, wait, nil); err != nil {
 			return
-		case <-t.C:
 		}
 	}
 }

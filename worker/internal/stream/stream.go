@@ -194,20 +194,32 @@ func (s *Stream) Run(ctx context.Context) {
 		failures++
 		s.setStatus("backoff", err)
 		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "err", err, "wait", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		woken, err := sleep(ctx, wait, s.redial)
+		if err != nil {
 			return
-		case <-s.redial:
-			t.Stop()
-			failures = 0
-		case <-t.C:
+		}
+		if woken {
+			failures = 0 // a new URL: dial it now
 		}
 	}
 }
 
 var errRedial = errors.New("upstream URL changed")
+
+// sleep waits d, or less if wake fires first (woken; a nil wake never does). It
+// returns ctx's error if ctx ends first.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (woken bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	}
+}
 
 // Halted returns why the stream stopped itself (a sequence reset under the halt
 // policy), or nil.
