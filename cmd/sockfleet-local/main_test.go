@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -25,6 +24,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite/kinesistest"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // lockedBuffer is written by the fleet while the test reads it.
@@ -306,11 +306,8 @@ func TestRunWithKinesisSink(t *testing.T) {
 	}
 	next := map[string]int64{}
 	for _, r := range recs {
-		var m struct {
-			Conn string `json:"conn"`
-			Seq  int64  `json:"seq"`
-		}
-		if err := json.Unmarshal(r.Data, &m); err != nil || m.Conn != r.PartitionKey {
+		m, err := sinkrecord.Parse(r.Data)
+		if err != nil || m.Conn != r.PartitionKey {
 			t.Fatalf("record %q under key %s: %v", r.Data, r.PartitionKey, err)
 		}
 		if m.Seq > next[m.Conn]+1 {

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,37 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
-
-// Record is one sink record (docs/SINKS.md), as tail reads it back.
-type Record struct {
-	Conn     string          `json:"conn"`
-	Seq      int64           `json:"seq"`
-	Epoch    int64           `json:"epoch"`
-	Bad      bool            `json:"bad,omitempty"`
-	Oversize int64           `json:"oversize,omitempty"`
-	Data     json.RawMessage `json:"data,omitempty"`
-	DataB64  []byte          `json:"data_b64,omitempty"`
-}
-
-// ParseRecord decodes one record; a line that is not one is an error naming why.
-func ParseRecord(line []byte) (Record, error) {
-	var r Record
-	dec := json.NewDecoder(bytes.NewReader(line))
-	if err := dec.Decode(&r); err != nil {
-		return Record{}, fmt.Errorf("not a sink record: %w", err)
-	}
-	if dec.More() {
-		return Record{}, errors.New("not a sink record: more than one JSON value")
-	}
-	if r.Conn == "" {
-		return Record{}, errors.New("not a sink record: no conn")
-	}
-	if r.Data != nil && r.DataB64 != nil {
-		return Record{}, errors.New("not a sink record: both data and data_b64")
-	}
-	return r, nil
-}
 
 // tailOpts are tail's flags.
 type tailOpts struct {
@@ -102,7 +71,7 @@ func (p *printer) line(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	r, err := ParseRecord(b)
+	r, err := sinkrecord.Parse(b)
 	if err != nil {
 		p.skipped++
 		fmt.Fprintf(p.out, "! %v: %.80q\n", err, b)
@@ -132,8 +101,8 @@ func (p *printer) line(b []byte) {
 	switch {
 	case r.Oversize > 0:
 		data = fmt.Sprintf("(oversize: %d bytes, not delivered)", r.Oversize)
-	case r.DataB64 != nil:
-		data = fmt.Sprintf("(%d bytes) %x", len(r.DataB64), r.DataB64[:min(len(r.DataB64), 32)])
+	case r.Binary:
+		data = fmt.Sprintf("(%d bytes) %x", len(r.Data), r.Data[:min(len(r.Data), 32)])
 	}
 	flag := ""
 	if r.Bad {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -21,9 +20,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	ktypes "github.com/aws/aws-sdk-go-v2/service/kinesis/types"
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // stallProxy forwards to kinesalite; while stalled, PutRecords calls hang until the
@@ -180,15 +181,15 @@ func (kb *kinesisBench) arrivalLatencies(ctx context.Context, stream string, fro
 				return nil, err
 			}
 			for _, r := range res.Records {
-				var rec struct {
-					Data struct {
-						TS int64 `json:"ts"`
-					} `json:"data"`
-				}
-				if json.Unmarshal(r.Data, &rec) != nil || r.ApproximateArrivalTimestamp == nil {
+				rec, err := sinkrecord.Parse(r.Data)
+				if err != nil || rec.Binary || r.ApproximateArrivalTimestamp == nil {
 					continue
 				}
-				sent := time.UnixMilli(rec.Data.TS)
+				ts, ok := demoupstream.ProducedAt(rec.Data)
+				if !ok {
+					continue
+				}
+				sent := time.UnixMilli(ts)
 				if sent.After(from) {
 					out = append(out, r.ApproximateArrivalTimestamp.Sub(sent))
 				}

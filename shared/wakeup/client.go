@@ -1,11 +1,8 @@
 package wakeup
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 )
@@ -21,37 +18,10 @@ type Client struct {
 // Any error means the worker did not answer usefully: the caller re-routes all ids.
 func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, error) {
 	req.V = Version
-	body, err := json.Marshal(req)
-	if err != nil {
-		return Response{}, err
-	}
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	ts := Timestamp(now())
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+Path, bytes.NewReader(body))
+	post := SignedPost{Secret: c.Secret, HTTP: c.HTTP, Now: c.Now, Timeout: 2 * time.Second}
+	data, err := post.JSON(ctx, "http://"+addr+Path, req, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(HeaderTimestamp, ts)
-	hr.Header.Set(HeaderSignature, Sign(c.Secret, ts, body))
-	hc := c.HTTP
-	if hc == nil {
-		hc = &http.Client{Timeout: 2 * time.Second}
-	}
-	resp, err := hc.Do(hr)
-	if err != nil {
-		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
-	if err != nil {
-		return Response{}, fmt.Errorf("wakeup %s: read reply: %w", addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Response{}, fmt.Errorf("wakeup %s: status %d: %.200s", addr, resp.StatusCode, data)
 	}
 	out, err := DecodeResponse(data)
 	if err != nil {

@@ -39,7 +39,7 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
-	"github.com/sockfleet/sockfleet/functions/reconciler/emf"
+	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/functions/reconciler/records"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"

@@ -17,6 +17,7 @@ package demoupstream
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -271,6 +272,18 @@ func Message(seq, ts int64, size int) []byte {
 		b = append(b, c)
 	}
 	return append(b, '"', '}')
+}
+
+// ProducedAt reads the production time (ts, unix ms) of a Message frame; ok is false
+// for any other frame.
+func ProducedAt(frame []byte) (ts int64, ok bool) {
+	var m struct {
+		TS *int64 `json:"ts"`
+	}
+	if json.Unmarshal(frame, &m) != nil || m.TS == nil {
+		return 0, false
+	}
+	return *m.TS, true
 }
 
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // Delivered is what the sinks of a fleet hold for one connection.
@@ -48,12 +48,8 @@ func readSink(path string, out map[string]*Delivered) error {
 		if torn != nil {
 			return torn
 		}
-		var m struct {
-			Conn string `json:"conn"`
-			Seq  int64  `json:"seq"`
-			Bad  bool   `json:"bad"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+		m, err := sinkrecord.Parse(sc.Bytes())
+		if err != nil {
 			torn = fmt.Errorf("%s: bad line: %v", path, err)
 			continue
 		}

@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // Collector is an HTTP sink for a fleet's workers (SOCKFLEET_SINK=c.URL(id)). It
@@ -58,15 +60,8 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "want POST /w/<worker>", http.StatusBadRequest)
 		return
 	}
-	var batch []struct {
-		Conn string `json:"conn"`
-		Seq  int64  `json:"seq"`
-		Bad  bool   `json:"bad"`
-		Data struct {
-			TS int64 `json:"ts"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(body, &batch); err != nil {
+	batch, err := sinkrecord.ParseBatch(body)
+	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
@@ -74,7 +69,11 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	for _, m := range batch {
 		if !m.Bad {
-			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now, TS: m.Data.TS})
+			var ts int64
+			if !m.Binary {
+				ts, _ = demoupstream.ProducedAt(m.Data)
+			}
+			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now, TS: ts})
 		}
 	}
 	c.mu.Unlock()

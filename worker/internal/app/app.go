@@ -133,6 +133,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if err := sc.Fill(); err != nil {
 		return nil, err
 	}
+	streams := &wstream.Factory{Config: &sc, IdleTimeout: cfg.IdleTimeout}
 	now := func() time.Time { return time.Now().Add(cfg.ClockOffset) }
 	stream := cfg.Mode == schema.ModeStream
 	lc := lease.Config{Table: cfg.Table, Duration: cfg.Lease, SkewMargin: cfg.SkewMargin, Now: now, Membership: stream}
@@ -153,15 +154,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		Store:    store,
 		Registry: &registry.Registry{DB: d.DB, Table: cfg.Table},
 		NewStream: func(l lease.Lease, valid func() bool) owner.Stream {
-			s := wstream.New(&sc, l.ID, l.WSURL, l.LastSeq)
-			if err := s.UseSpec(withFleetIdle(l.Spec, cfg.IdleTimeout), l.Epoch); err != nil {
-				// The codec validated the spec on acquire; this only happens if the two
-				// disagree. Stream with the fleet defaults rather than not at all, and say so.
-				d.Log.Error("spec refused by the stream; using fleet defaults", "conn", l.ID, "err", err)
-				_ = s.UseSpec(withFleetIdle(schema.Spec{}, cfg.IdleTimeout), l.Epoch)
-			}
-			s.GuardWith(valid)
-			return s
+			return streams.New(streamConn(l, valid))
 		},
 		Metrics: m,
 		EMF:     emf,
@@ -189,7 +182,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 		}
 	}
 	if stream && cfg.Handoff {
-		oc.Handoff = handoffConfig(cfg, &sc, snk, store, reg)
+		oc.Handoff = handoffConfig(cfg, streams, snk, store, reg)
 	}
 	mgr, err := owner.New(oc)
 	if err != nil {
@@ -250,14 +243,9 @@ func (a *App) emitGauges(ctx context.Context) {
 	}
 }
 
-// withFleetIdle gives sp the fleet's idle_timeout when the item sets none (a
-// connection's own idle_timeout wins). The fleet default sets status only: it
-// never turns idle_reconnect on.
-func withFleetIdle(sp schema.Spec, fleet time.Duration) schema.Spec {
-	if sp.IdleTimeout == 0 {
-		sp.IdleTimeout = fleet
-	}
-	return sp
+// streamConn is what a stream needs of lease l; valid guards its sink writes.
+func streamConn(l lease.Lease, valid func() bool) wstream.Conn {
+	return wstream.Conn{ID: l.ID, URL: l.WSURL, LastSeq: l.LastSeq, Epoch: l.Epoch, Spec: l.Spec, Valid: valid}
 }
 
 // newIncarnation returns a random id for this process start.
@@ -270,7 +258,7 @@ func newIncarnation() string {
 // handoffConfig wires planned handoffs: calls to other workers signed with the wakeup
 // secret, targets from the registry, and standbys whose streams write to a gate in
 // front of the worker's sink.
-func handoffConfig(cfg config.Config, sc *wstream.Config, snk sink.Sink, store *lease.Store, reg *registry.Registry) *owner.HandoffConfig {
+func handoffConfig(cfg config.Config, streams *wstream.Factory, snk sink.Sink, store *lease.Store, reg *registry.Registry) *owner.HandoffConfig {
 	return &owner.HandoffConfig{
 		Peer:  &peer.Client{Secret: cfg.WakeupSecret, Timeout: cfg.HandoffPrepareTimeout + 2*time.Second},
 		Store: store,
@@ -280,16 +268,11 @@ func handoffConfig(cfg config.Config, sc *wstream.Config, snk sink.Sink, store *
 		},
 		NewStandby: func(l lease.Lease, valid func() bool, overflow func(error)) (owner.Stream, *peer.Gate) {
 			g := &peer.Gate{Sink: snk, MaxMessages: cfg.StandbyMaxMessages, MaxBytes: cfg.StandbyMaxBytes,
-				Timeout: sc.SinkTimeout, Valid: valid, OnOverflow: overflow}
-			c := *sc
-			c.Sink = g
-			s := wstream.New(&c, l.ID, l.WSURL, l.LastSeq)
-			_ = s.UseSpec(withFleetIdle(l.Spec, cfg.IdleTimeout), l.Epoch) // validated by prepare's read of the item
-			s.GuardWith(valid)
-			return s, g
+				Timeout: streams.Config.SinkTimeout, Valid: valid, OnOverflow: overflow}
+			return streams.WithSink(g).New(streamConn(l, valid)), g
 		},
 		Resumable: func(l lease.Lease) error {
-			r := sc.Resume
+			r := streams.Config.Resume
 			if l.Spec.Resume != "" {
 				var err error
 				if r, err = wstream.ParseResume(l.Spec.Resume); err != nil {

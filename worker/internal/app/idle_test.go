@@ -110,26 +110,6 @@ func TestFleetIdleTimeoutEndsAnUnreachedResumePoint(t *testing.T) {
 	}
 }
 
-// The fleet default fills only an absent idle_timeout, and never sets idle_reconnect.
-func TestWithFleetIdle(t *testing.T) {
-	cases := []struct {
-		spec  schema.Spec
-		fleet time.Duration
-		want  time.Duration
-	}{
-		{schema.Spec{}, 5 * time.Minute, 5 * time.Minute},
-		{schema.Spec{}, 0, 0}, // off
-		{schema.Spec{IdleTimeout: time.Hour}, 5 * time.Minute, time.Hour},
-		{schema.Spec{IdleTimeout: 10 * time.Second}, 0, 10 * time.Second},
-	}
-	for _, tc := range cases {
-		got := withFleetIdle(tc.spec, tc.fleet)
-		if got.IdleTimeout != tc.want || got.IdleReconnect {
-			t.Errorf("spec %s, fleet %s: %+v, want idle_timeout %s without reconnect", tc.spec.IdleTimeout, tc.fleet, got, tc.want)
-		}
-	}
-}
-
 // The gauges go out once per renew interval, and the loop ends with its context.
 func TestGaugesEveryRenewInterval(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

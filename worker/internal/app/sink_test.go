@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"os"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
@@ -42,11 +42,8 @@ func sinkLines(t *testing.T, r io.Reader) map[string][]int64 {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var rec struct {
-			Conn string `json:"conn"`
-			Seq  int64  `json:"seq"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+		rec, err := sinkrecord.Parse(sc.Bytes())
+		if err != nil {
 			t.Fatalf("sink line %q: %v", sc.Bytes(), err)
 		}
 		out[rec.Conn] = append(out[rec.Conn], rec.Seq)

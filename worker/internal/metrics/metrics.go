@@ -1,18 +1,19 @@
 // Package metrics holds the worker's counters, renders them as plain text for
-// GET /metrics, and writes CloudWatch Embedded Metric Format (EMF) lines.
+// GET /metrics, and writes CloudWatch Embedded Metric Format (EMF) lines (encoded by
+// shared/emf).
 //
 // Counters are monotonic since process start; the fields marked gauge are not. Nothing
 // here is exact across a crash: the numbers are for dashboards and alarms.
 package metrics
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -167,32 +168,17 @@ func (e *EMF) PutAll(vals ...Value) {
 	if e.Now != nil {
 		now = e.Now
 	}
-	dims := [][]string{{}}
-	line := map[string]any{}
-	names := make([]any, 0, len(vals))
-	for _, v := range vals {
-		line[v.Name] = v.V
-		names = append(names, map[string]string{"Name": v.Name, "Unit": "Count"})
+	ms := make([]emf.Metric, len(vals))
+	for i, v := range vals {
+		ms[i] = emf.Metric{Name: v.Name, Unit: emf.Count, Value: float64(v.V)}
 	}
+	var dims []emf.Dimension
 	if e.Service != "" {
-		dims = [][]string{{schema.MetricDimService}}
-		line[schema.MetricDimService] = e.Service
-	}
-	line["_aws"] = map[string]any{
-		"Timestamp": now().UnixMilli(),
-		"CloudWatchMetrics": []any{map[string]any{
-			"Namespace":  schema.MetricNamespace,
-			"Dimensions": dims,
-			"Metrics":    names,
-		}},
-	}
-	b, err := json.Marshal(line)
-	if err != nil {
-		return
+		dims = []emf.Dimension{{Name: schema.MetricDimService, Value: e.Service}}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	_, _ = e.W.Write(append(b, '\n'))
+	_ = emf.WriteDims(e.W, schema.MetricNamespace, dims, now(), ms...) // metrics are best effort
 }
 
 // PutGauges writes the connection-state gauges that only /metrics had: connections

@@ -66,3 +66,26 @@ func TestEMFGauges(t *testing.T) {
 		t.Fatalf("line %s", buf.Bytes())
 	}
 }
+
+// The worker's EMF line, byte for byte: a dimension set of ServiceName when the
+// service is named, none otherwise, every value a Count.
+func TestEMFGolden(t *testing.T) {
+	at := func() time.Time { return time.UnixMilli(1_764_680_000_000) }
+	for _, c := range []struct {
+		service, want string
+	}{
+		{"svc", `{"IdleConnections":2,"QuotaWaiting":5,"ServiceName":"svc","_aws":{"CloudWatchMetrics":[{"Dimensions":[["ServiceName"]],` +
+			`"Metrics":[{"Name":"IdleConnections","Unit":"Count"},{"Name":"QuotaWaiting","Unit":"Count"}],"Namespace":"Sockfleet"}],` +
+			`"Timestamp":1764680000000}}` + "\n"},
+		{"", `{"IdleConnections":2,"QuotaWaiting":5,"_aws":{"CloudWatchMetrics":[{"Dimensions":[[]],` +
+			`"Metrics":[{"Name":"IdleConnections","Unit":"Count"},{"Name":"QuotaWaiting","Unit":"Count"}],"Namespace":"Sockfleet"}],` +
+			`"Timestamp":1764680000000}}` + "\n"},
+	} {
+		var buf bytes.Buffer
+		e := &EMF{W: &buf, Service: c.service, Now: at}
+		e.PutAll(Value{"IdleConnections", 2}, Value{"QuotaWaiting", 5})
+		if buf.String() != c.want {
+			t.Errorf("service %q:\ngot  %s\nwant %s", c.service, buf.String(), c.want)
+		}
+	}
+}

@@ -15,12 +15,11 @@
 package peer
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"time"
 
@@ -121,41 +120,10 @@ type Client struct {
 // means no usable answer: the caller cannot know whether it was acted on.
 func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, error) {
 	req.V = Version
-	body, err := json.Marshal(req)
-	if err != nil {
-		return Response{}, err
-	}
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	ts := wakeup.Timestamp(now())
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+Path, bytes.NewReader(body))
+	post := wakeup.SignedPost{Secret: c.Secret, HTTP: c.HTTP, Now: c.Now, Timeout: cmp.Or(c.Timeout, 10*time.Second)}
+	data, err := post.JSON(ctx, "http://"+addr+Path, req, MaxBody)
 	if err != nil {
 		return Response{}, fmt.Errorf("handoff %s %s to %s: %w", req.Op, req.Conn, addr, err)
-	}
-	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(wakeup.HeaderTimestamp, ts)
-	hr.Header.Set(wakeup.HeaderSignature, wakeup.Sign(c.Secret, ts, body))
-	hc := c.HTTP
-	if hc == nil {
-		t := c.Timeout
-		if t == 0 {
-			t = 10 * time.Second
-		}
-		hc = &http.Client{Timeout: t}
-	}
-	resp, err := hc.Do(hr)
-	if err != nil {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: %w", req.Op, req.Conn, addr, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
-	if err != nil {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: read reply: %w", req.Op, req.Conn, addr, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return Response{}, fmt.Errorf("handoff %s %s to %s: status %d: %.200s", req.Op, req.Conn, addr, resp.StatusCode, data)
 	}
 	var out Response
 	if err := json.Unmarshal(data, &out); err != nil {

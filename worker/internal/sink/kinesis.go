@@ -13,6 +13,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis/types"
 	"github.com/aws/smithy-go"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // Kinesis Data Streams limits for one PutRecords call.
@@ -50,7 +51,7 @@ type KinesisStats struct {
 	Oversize  atomic.Int64 // messages too large for one record
 }
 
-// Kinesis writes each message as one record (the JSON line of AppendJSON, newline
+// Kinesis writes each message as one record (the sink record line, newline
 // included, so Firehose delivers JSON lines to S3) with the connection id as
 // partition key: one connection's records go to one shard. Write returns nil only
 // once every record of the batch was accepted; failed entries of a partial failure,
@@ -118,7 +119,7 @@ func (k *Kinesis) Write(ctx context.Context, batch []Message) error {
 	var chunk []types.PutRecordsRequestEntry
 	size := 0
 	for _, m := range batch {
-		data := AppendJSON(nil, m)
+		data := sinkrecord.Append(nil, m.Record())
 		if n := len(data) + len(m.Conn); n > KinesisMaxRecordBytes {
 			k.Stats.Oversize.Add(1)
 			if k.opt.OnOversize != nil {
@@ -127,7 +128,7 @@ func (k *Kinesis) Write(ctx context.Context, batch []Message) error {
 			if !k.opt.PassOversize {
 				continue
 			}
-			data = appendOversize(nil, m, n)
+			data = sinkrecord.Append(nil, oversize(m, n))
 		}
 		n := len(data) + len(m.Conn)
 		if len(chunk) == KinesisMaxRecords || size+n > KinesisMaxBatchBytes {
@@ -145,12 +146,9 @@ func (k *Kinesis) Write(ctx context.Context, batch []Message) error {
 	return k.put(ctx, chunk)
 }
 
-// appendOversize is the stub record that stands for a message too large to send.
-func appendOversize(b []byte, m Message, size int) []byte {
-	b = append(b, `{"conn":`...)
-	b = appendString(b, m.Conn)
-	b = fmt.Appendf(b, `,"seq":%d,"epoch":%d,"bad":true,"oversize":%d}`+"\n", m.Seq, m.Epoch, size)
-	return b
+// oversize is the stub record that stands for a message too large to send.
+func oversize(m Message, size int) sinkrecord.Record {
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Bad: true, Oversize: int64(size)}
 }
 
 // put sends entries until all are accepted, retrying only the failed ones.

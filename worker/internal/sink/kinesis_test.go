@@ -3,7 +3,6 @@ package sink
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -13,18 +12,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/kinesis"
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite/kinesistest"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 func TestMain(m *testing.M) { kinesistest.Main(m) }
-
-type rec struct {
-	Conn  string          `json:"conn"`
-	Seq   int64           `json:"seq"`
-	Epoch int64           `json:"epoch"`
-	Bad   bool            `json:"bad"`
-	Over  int             `json:"oversize"`
-	Data  json.RawMessage `json:"data"`
-}
 
 func readRecords(t *testing.T, e *kinesistest.Env) []kinesistest.Record {
 	t.Helper()
@@ -37,13 +28,13 @@ func readRecords(t *testing.T, e *kinesistest.Env) []kinesistest.Record {
 	return all
 }
 
-func decode(t *testing.T, r kinesistest.Record) rec {
+func decode(t *testing.T, r kinesistest.Record) sinkrecord.Record {
 	t.Helper()
 	if !bytes.HasSuffix(r.Data, []byte("\n")) || bytes.Count(r.Data, []byte("\n")) != 1 {
 		t.Fatalf("record %q: want one JSON line", r.Data)
 	}
-	var v rec
-	if err := json.Unmarshal(r.Data, &v); err != nil {
+	v, err := sinkrecord.Parse(r.Data)
+	if err != nil {
 		t.Fatalf("record %q: %v", r.Data, err)
 	}
 	if v.Conn != r.PartitionKey {
@@ -238,7 +229,7 @@ func TestKinesisOversizeAndLimits(t *testing.T) {
 			if err := k.Write(context.Background(), batch); err != nil {
 				t.Fatal(err)
 			}
-			var got []rec
+			var got []sinkrecord.Record
 			for _, r := range readRecords(t, e) {
 				got = append(got, decode(t, r))
 			}
@@ -249,7 +240,7 @@ func TestKinesisOversizeAndLimits(t *testing.T) {
 			if len(got) != want || len(told) != 1 || told[0] != 2 || k.Stats.Calls.Load() != 1 {
 				t.Fatalf("records %+v, told %v, calls %d", got, told, k.Stats.Calls.Load())
 			}
-			if pass && (!got[1].Bad || got[1].Over <= KinesisMaxRecordBytes || got[1].Data != nil) {
+			if pass && (!got[1].Bad || got[1].Oversize <= KinesisMaxRecordBytes || got[1].Data != nil) {
 				t.Fatalf("stub %+v: want bad, its size, no payload", got[1])
 			}
 		})
@@ -284,7 +275,7 @@ func TestKinesisBadStreamNames(t *testing.T) {
 
 // The oversize stub is part of the record format (docs/SINKS.md).
 func TestOversizeStubGolden(t *testing.T) {
-	got := string(appendOversize(nil, Message{Conn: "a\"b", Seq: 9, Epoch: 1}, 1048600))
+	got := string(sinkrecord.Append(nil, oversize(Message{Conn: "a\"b", Seq: 9, Epoch: 1}, 1048600)))
 	if want := `{"conn":"a\"b","seq":9,"epoch":1,"bad":true,"oversize":1048600}` + "\n"; got != want {
 		t.Fatalf("got %s want %s", got, want)
 	}

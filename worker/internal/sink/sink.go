@@ -12,16 +12,15 @@ package sink
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // Message is one upstream frame on its way to the sink.
@@ -61,37 +60,9 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 	return nil, fmt.Errorf("sink %q: want stdout, file:PATH, an http(s) URL or kinesis:STREAM", spec)
 }
 
-// AppendJSON appends m as one JSON line (the record format, docs/SINKS.md):
-// {"conn":..,"seq":..,"epoch":..,"data":..}. Data that is valid JSON is embedded
-// compacted, so a pretty-printed document still makes one line; anything else goes
-// base64-encoded in "data_b64".
-func AppendJSON(b []byte, m Message) []byte {
-	b = append(b, `{"conn":`...)
-	b = appendString(b, m.Conn)
-	b = append(b, `,"seq":`...)
-	b = strconv.AppendInt(b, m.Seq, 10)
-	b = append(b, `,"epoch":`...)
-	b = strconv.AppendInt(b, m.Epoch, 10)
-	if m.Bad {
-		b = append(b, `,"bad":true`...)
-	}
-	if !m.Binary && json.Valid(m.Data) {
-		b = append(b, `,"data":`...)
-		buf := bytes.NewBuffer(b)
-		_ = json.Compact(buf, m.Data) // cannot fail: Data is valid JSON
-		b = buf.Bytes()
-	} else {
-		b = append(b, `,"data_b64":"`...)
-		b = base64.StdEncoding.AppendEncode(b, m.Data)
-		b = append(b, '"')
-	}
-	return append(b, '}', '\n')
-}
-
-// appendString appends s as a JSON string (strconv.Quote's \x escapes are not JSON).
-func appendString(b []byte, s string) []byte {
-	q, _ := json.Marshal(s) // a string always marshals
-	return append(b, q...)
+// Record is m as a sink record (docs/SINKS.md; package sinkrecord encodes it).
+func (m Message) Record() sinkrecord.Record {
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Bad: m.Bad, Data: m.Data, Binary: m.Binary}
 }
 
 // Writer writes JSON lines to an io.Writer, one write per batch. A write that
@@ -138,7 +109,7 @@ func (s *Writer) Write(ctx context.Context, batch []Message) error {
 		buf = append(buf, '\n')
 	}
 	for _, m := range batch {
-		buf = AppendJSON(buf, m)
+		buf = sinkrecord.Append(buf, m.Record())
 	}
 	done := make(chan error, 1)
 	go func() {
@@ -177,7 +148,7 @@ func (s *Writer) Close() error {
 }
 
 // HTTP posts each batch as a JSON array (one element per message, in the line
-// format) and treats any 2xx answer as the acknowledgement.
+// format; sinkrecord.ParseBatch reads it) and treats any 2xx answer as the acknowledgement.
 type HTTP struct {
 	URL    string
 	Client *http.Client // default: 10 s timeout
@@ -193,7 +164,7 @@ func (h *HTTP) Write(ctx context.Context, batch []Message) error {
 		if i > 0 {
 			body = append(body, ',')
 		}
-		body = AppendJSON(body, m)
+		body = sinkrecord.Append(body, m.Record())
 		body = body[:len(body)-1] // drop the newline
 	}
 	body = append(body, ']')

@@ -4,13 +4,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 var batch = []Message{
@@ -19,18 +20,11 @@ var batch = []Message{
 	{Conn: "a", Seq: 2, Data: []byte("not json"), Bad: true},
 }
 
-type line struct {
-	Conn    string          `json:"conn"`
-	Seq     int64           `json:"seq"`
-	Bad     bool            `json:"bad"`
-	Data    json.RawMessage `json:"data"`
-	DataB64 []byte          `json:"data_b64"`
-}
-
-func check(t *testing.T, got []line) {
+func check(t *testing.T, got []sinkrecord.Record) {
 	t.Helper()
-	if len(got) != 3 || string(got[0].Data) != `{"seq":1,"x":"y"}` || !bytes.Equal(got[1].DataB64, []byte("\x00\x01")) ||
-		!got[2].Bad || string(got[2].DataB64) != "not json" {
+	if len(got) != 3 || string(got[0].Data) != `{"seq":1,"x":"y"}` || got[0].Binary ||
+		!bytes.Equal(got[1].Data, []byte("\x00\x01")) || !got[1].Binary ||
+		!got[2].Bad || string(got[2].Data) != "not json" {
 		t.Fatalf("lines %+v", got)
 	}
 }
@@ -50,11 +44,11 @@ func TestFileSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var got []line
+	var got []sinkrecord.Record
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		var l line
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+		l, err := sinkrecord.Parse(sc.Bytes())
+		if err != nil {
 			t.Fatalf("line %q: %v", sc.Bytes(), err)
 		}
 		got = append(got, l)
@@ -66,11 +60,12 @@ func TestFileSink(t *testing.T) {
 }
 
 func TestHTTPSink(t *testing.T) {
-	var got []line
+	var got []sinkrecord.Record
 	status := http.StatusOK
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		if err := json.Unmarshal(b, &got); err != nil {
+		var err error
+		if got, err = sinkrecord.ParseBatch(b); err != nil {
 			t.Errorf("body %q: %v", b, err)
 		}
 		w.WriteHeader(status)

@@ -10,9 +10,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
-// The record format is documented in docs/SINKS.md; this pins it byte for byte.
+// The record format is documented in docs/SINKS.md; this pins, byte for byte, the
+// record a message becomes (shared/sinkrecord pins the encoder itself).
 func TestRecordFormatGolden(t *testing.T) {
 	for _, c := range []struct {
 		m    Message
@@ -27,8 +30,8 @@ func TestRecordFormatGolden(t *testing.T) {
 		{Message{Conn: "c\x00\u2028", Seq: 1, Data: []byte(`"s"`)},
 			`{"conn":"c\u0000\u2028","seq":1,"epoch":0,"data":"s"}` + "\n"},
 	} {
-		if got := string(AppendJSON(nil, c.m)); got != c.want {
-			t.Errorf("AppendJSON(%+v)\n got %s\nwant %s", c.m, got, c.want)
+		if got := string(sinkrecord.Append(nil, c.m.Record())); got != c.want {
+			t.Errorf("message %+v\n got %s\nwant %s", c.m, got, c.want)
 		}
 	}
 }

@@ -11,22 +11,24 @@
 //
 // Non-guarantee: this package knows nothing of leases. Its caller (the ownership
 // loop) cancels Run's context when the lease is lost, fenced, stopped or drained.
+//
+// Files: stream.go runs the reconnect loop and a session's sockets; dial.go makes
+// the handshake and sends the open messages; socket.go starts and closes a socket;
+// reader.go is a socket's one reader, writer.go its timer-driven writer; deliver.go
+// writes batches to the sink; rotation.go replaces a socket make-before-break;
+// seq.go follows the upstream's numbering; config.go and factory.go hold the
+// settings and make a worker's streams.
 package stream
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"math/rand/v2"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/gorilla/websocket"
 	"github.com/sockfleet/sockfleet/shared/schema"
-	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
 
@@ -42,122 +44,6 @@ var ErrGraceful = errors.New("graceful stop")
 type Cutter interface {
 	error
 	Cut()
-}
-
-// Config holds the settings shared by every stream of a worker.
-type Config struct {
-	Resume      Resume
-	SeqPath     SeqPath
-	BadMessages BadPolicy
-
-	HandshakeTimeout time.Duration // default 10s
-	PongWait         time.Duration // a socket silent this long (no data, no pong) is dead; default 60s
-	PingPeriod       time.Duration // must be < PongWait; default PongWait*9/10
-	WriteWait        time.Duration // default 10s
-	ReadLimit        int64         // bytes per message; default 1 MiB
-	BatchSize        int           // most messages per sink write; default 256
-	SinkTimeout      time.Duration // one sink write; default 10s
-	// SinkSlowAfter: a sink write still running after this holds its connection back:
-	// status sink_slow, counted in metrics. Default min(1s, SinkTimeout/2).
-	SinkSlowAfter time.Duration
-
-	BackoffMin time.Duration // default 500ms
-	BackoffMax time.Duration // default 30s
-	// PermanentBackoffMax caps the backoff after a permanent failure (a 4xx handshake,
-	// close code 1008): such an upstream is retried rarely, never hammered. Default 5m.
-	PermanentBackoffMax time.Duration
-	// StableAfter: a session that lasted this long resets the backoff. Default 30s.
-	StableAfter time.Duration
-	// Jitter returns a value in [0, 1). Default math/rand/v2; inject a seeded source
-	// to replay a run.
-	Jitter func() float64
-
-	// Sequences (a connection's spec may override SeqReset and MaxSeqJump).
-	SeqReset   string // accept (default) or halt: what a restarted numbering does
-	MaxSeqJump int64  // a sequence more than this past the last is bad; 0: no limit
-	ResetBelow int64  // a sequence more than this below the last is a reset; default 1000
-
-	CloseWait time.Duration // how long a stop waits for the close handshake; default 1s
-	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
-	Quota     *Quota        // per-host connect quota; nil: none
-
-	Sink    sink.Sink
-	Metrics *metrics.Counters
-	Log     *slog.Logger
-	Dialer  *websocket.Dialer // default: built from the settings above
-}
-
-// Fill sets defaults and checks the settings.
-func (c *Config) Fill() error {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&c.HandshakeTimeout, 10*time.Second)
-	def(&c.PongWait, 60*time.Second)
-	def(&c.PingPeriod, c.PongWait*9/10)
-	def(&c.WriteWait, 10*time.Second)
-	def(&c.SinkTimeout, 10*time.Second)
-	def(&c.SinkSlowAfter, min(time.Second, c.SinkTimeout/2))
-	def(&c.BackoffMin, 500*time.Millisecond)
-	def(&c.BackoffMax, 30*time.Second)
-	def(&c.PermanentBackoffMax, 5*time.Minute)
-	def(&c.StableAfter, 30*time.Second)
-	if c.ReadLimit == 0 {
-		c.ReadLimit = 1 << 20
-	}
-	def(&c.CloseWait, time.Second)
-	if c.ResetBelow == 0 {
-		c.ResetBelow = 1000
-	}
-	if c.SeqReset == "" {
-		c.SeqReset = schema.SeqResetAccept
-	}
-	if c.SeqReset != schema.SeqResetAccept && c.SeqReset != schema.SeqResetHalt {
-		return fmt.Errorf("stream config: seq reset %q: want accept or halt", c.SeqReset)
-	}
-	if c.MaxSeqJump < 0 || c.ResetBelow < 0 {
-		return fmt.Errorf("stream config: max seq jump %d and reset distance %d must not be negative", c.MaxSeqJump, c.ResetBelow)
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = 256
-	}
-	if c.BadMessages == "" {
-		c.BadMessages = BadCount
-	}
-	if c.Resume.Kind == "" {
-		c.Resume, _ = ParseResume(DefaultResume)
-	}
-	if c.Jitter == nil {
-		c.Jitter = rand.Float64
-	}
-	if c.Metrics == nil {
-		c.Metrics = new(metrics.Counters)
-	}
-	if c.Log == nil {
-		c.Log = slog.New(slog.DiscardHandler)
-	}
-	if c.Sink == nil {
-		return errors.New("stream config: no sink")
-	}
-	if c.PingPeriod >= c.PongWait {
-		return fmt.Errorf("stream config: ping period %s must be less than pong wait %s", c.PingPeriod, c.PongWait)
-	}
-	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin || c.PermanentBackoffMax < c.BackoffMax {
-		return fmt.Errorf("stream config: want 0 < backoff min %s <= max %s <= permanent max %s",
-			c.BackoffMin, c.BackoffMax, c.PermanentBackoffMax)
-	}
-	if c.Dialer == nil {
-		c.Dialer = &websocket.Dialer{
-			HandshakeTimeout: c.HandshakeTimeout,
-			Proxy:            http.ProxyFromEnvironment,
-			ReadBufferSize:   4096,
-			// Idle sockets hold no write buffer: it is taken from the pool per message.
-			WriteBufferPool: &sync.Pool{},
-		}
-	}
-	return nil
 }
 
 // Backoff returns the wait before attempt n (0-based) of a run of failures: an
@@ -207,11 +93,6 @@ type Stream struct {
 	opened   atomic.Bool           // some session got past its open messages
 	sockets  atomic.Int64          // sockets open now (2 while rotating)
 }
-
-// ErrPastFence is returned when a batch was about to reach the sink after the lease's
-// fence deadline: the owner's timer cancels the stream at that deadline, but a reader
-// woken at the same moment (after a pause, say) must not deliver in between.
-var ErrPastFence = errors.New("lease past its fence deadline")
 
 // GuardWith makes every sink write first ask valid, on the owner's monotonic clock,
 // whether the lease still holds. Call before Run.
@@ -320,152 +201,126 @@ func (s *Stream) Run(ctx context.Context) {
 		failures++
 		s.setStatus(state, err)
 		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "status", state, "err", err, "wait", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		woken, err := sleep(ctx, wait, s.redial)
+		if err != nil {
 			return
-		case <-s.redial:
-			t.Stop()
-			failures = 0
-		case <-t.C:
+		}
+		if woken {
+			failures = 0 // a new URL: dial it now
 		}
 	}
 }
 
 var errRedial = errors.New("upstream URL changed")
 
-// permanentError is a failure retrying soon cannot fix.
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
-func (e *permanentError) Unwrap() error { return e.err }
-
-// deliver hands messages to the sink in batches until the reader fails, the URL
-// changes or ctx ends.
-func (s *Stream) deliver(ctx context.Context, msgs chan sink.Message, readErr chan error) error {
-	var batch []sink.Message // grown on demand, so an idle socket holds none
-	for {
-		// A cancellation wins over queued messages (select alone picks at random):
-		// after a stop the graceful flush delivers them, after a lost lease nothing.
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.redial:
-			return errRedial
-		case err := <-readErr:
-			// Deliver what the reader queued before it failed.
-			for len(msgs) > 0 {
-				batch = s.fill(batch[:0], <-msgs, msgs)
-				werr := s.sinkWrite(ctx, batch)
-				batch = drop(batch)
-				if werr != nil {
-					return werr
-				}
-			}
-			return err
-		case m := <-msgs:
-			batch = s.fill(batch[:0], m, msgs)
-			err := s.sinkWrite(ctx, batch)
-			batch = drop(batch)
-			if err != nil {
-				return err
-			}
-		}
+// sleep waits d, or less if wake fires first (woken; a nil wake never does). It
+// returns ctx's error if ctx ends first.
+func sleep(ctx context.Context, d time.Duration, wake <-chan struct{}) (woken bool, err error) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
 	}
 }
 
-// drop forgets a written batch's messages, so the buffer kept for the next batch
-// holds no frame data while the socket is idle, and returns a buffer small enough
-// to keep (a burst's large one is let go).
-func drop(batch []sink.Message) []sink.Message {
-	clear(batch)
-	if cap(batch) > 32 {
-		return nil
+// Halted returns why the stream stopped itself (a sequence reset under the halt
+// policy), or nil.
+func (s *Stream) Halted() error {
+	if p := s.halted.Load(); p != nil {
+		return *p
 	}
-	return batch[:0]
-}
-
-// fill appends m and whatever else is queued, up to the batch size.
-func (s *Stream) fill(batch []sink.Message, m sink.Message, msgs chan sink.Message) []sink.Message {
-	batch = append(batch, m)
-	for len(batch) < s.cfg.BatchSize {
-		select {
-		case m := <-msgs:
-			batch = append(batch, m)
-		default:
-			return batch
-		}
-	}
-	return batch
-}
-
-// flushQueued delivers messages read before a graceful stop.
-func (s *Stream) flushQueued(ctx context.Context, msgs chan sink.Message) {
-	batch := make([]sink.Message, 0, len(msgs))
-	for len(msgs) > 0 {
-		batch = append(batch, <-msgs)
-	}
-	if len(batch) > 0 {
-		_ = s.sinkWrite(ctx, batch)
-	}
-}
-
-// setQueued records how many of this stream's messages wait for the sink (the
-// batch in hand and the queue behind it), in the worker-wide gauge.
-func (s *Stream) setQueued(n int64) {
-	s.cfg.Metrics.SinkQueued.Add(n - s.queued)
-	s.queued = n
-}
-
-// sinkWrite writes batch on a context that survives ctx's cancellation (bounded by
-// SinkTimeout), so a write in flight at a stop completes and is acknowledged. While
-// it writes, the reader can queue only a few messages more before it stops reading
-// (and TCP pushes back on the upstream): a slow sink costs time, not memory. A write
-// that takes longer than SinkSlowAfter shows as status sink_slow until it ends.
-func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
-	if s.valid != nil && !s.valid() {
-		return ErrPastFence
-	}
-	s.setQueued(int64(len(batch) + len(s.queue)))
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.SinkTimeout)
-	defer cancel()
-	start := time.Now()
-	slowed := make(chan struct{})
-	slow := time.AfterFunc(s.cfg.SinkSlowAfter, func() {
-		defer close(slowed)
-		s.cfg.Metrics.SinkSlowWrites.Add(1)
-		s.cfg.Metrics.SinkSlow.Add(1)
-		s.setStatus("sink_slow", fmt.Errorf("a sink write of %d messages has taken over %s", len(batch), s.cfg.SinkSlowAfter))
-	})
-	err := s.cfg.Sink.Write(wctx, batch)
-	s.cfg.Metrics.SinkWrites.Add(1)
-	s.cfg.Metrics.SinkWriteNanos.Add(int64(time.Since(start)))
-	if !slow.Stop() {
-		<-slowed
-		s.cfg.Metrics.SinkSlow.Add(-1)
-		if err == nil {
-			s.setStatus("streaming", nil)
-		}
-	}
-	s.setQueued(int64(len(s.queue)))
-	if err != nil {
-		s.cfg.Metrics.SinkErrors.Add(1)
-		return fmt.Errorf("sink: %w", err)
-	}
-	var n int64
-	pos := s.position()
-	for _, m := range batch {
-		n += int64(len(m.Data))
-		if !m.Bad { // in order: the last good message is the resume point (its epoch may be newer)
-			pos = Position{Seq: m.Seq, Epoch: m.Epoch}
-		}
-	}
-	s.pos.Store(&pos)
-	s.cfg.Metrics.Messages.Add(int64(len(batch)))
-	s.cfg.Metrics.Bytes.Add(n)
 	return nil
+}
+
+// haltError is a sequence reset under the halt policy: the stream stops for the
+// operator to decide.
+type haltError struct{ seq, last, from int64 }
+
+func (e *haltError) Error() string {
+	return fmt.Sprintf("sequence reset: seq %d after %d (asked to resume after %d); halted by seq_reset=halt", e.seq, e.last, e.from)
+}
+
+// session runs a connection until it fails or ctx ends: dial, open, read and
+// deliver, and rotate to a new socket (make-before-break) at max_lifetime or when the
+// upstream announces its shutdown.
+func (s *Stream) session(ctx context.Context) error {
+	pos := s.position()
+	from, resumed := pos.Seq, true
+	if pos.Seq == 0 && pos.Epoch == 0 {
+		from, resumed = s.set.spec.StartSeq() // first connect: the spec's start
+	}
+	sock, err := s.connect(ctx, from, resumed)
+	if err != nil {
+		return err
+	}
+	s.lastData.Store(time.Now().UnixNano())
+	if s.idle.Load() {
+		// Still idle (idle_reconnect, or any reconnect while idle): say so again, as
+		// the dial's own statuses replaced it; data clears it as on any socket.
+		s.setStatus(schema.StatusIdle, errIdleReconnected)
+	} else {
+		s.setStatus("streaming", nil)
+	}
+	s.cfg.Log.Debug("upstream connected", "conn", s.id, "from", from, "resumed", resumed)
+
+	// A short queue: a deep one costs memory on every idle socket (a Message is ~64 bytes).
+	msgs := make(chan sink.Message, min(s.cfg.BatchSize, 32))
+	s.queue = msgs
+	defer s.setQueued(0)
+	st := readState{last: from, epoch: pos.Epoch, ref: from > 0 || pos.Epoch > 0}
+	rotate := make(chan struct{}, 1)
+	for {
+		s.start(sock, st, msgs, rotate)
+		next := make(chan *socket, 1)
+		rctx, rcancel := context.WithCancel(ctx)
+		var rwg sync.WaitGroup
+		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" {
+			// Only then: an idle socket without rotation costs no third goroutine.
+			rwg.Go(func() { s.rotator(rctx, sock, rotate, next) })
+		}
+		err = s.deliver(ctx, msgs, sock.readErr)
+		rcancel()
+		rwg.Wait()
+		var fresh *socket
+		select {
+		case fresh = <-next:
+		default:
+		}
+		if f := sock.failure.Load(); f != nil && !errors.Is(err, errRotated) {
+			err = *f
+		}
+		if errors.Is(err, errRotated) && fresh != nil && ctx.Err() == nil {
+			// Everything the old reader queued is delivered; the new socket, resumed
+			// from the last delivered sequence, skips what the old one already gave.
+			st = sock.final
+			s.closeSocket(sock)
+			s.cfg.Metrics.Rotations.Add(1)
+			s.cfg.Metrics.Overlap.Add(-1)
+			sock = fresh
+			continue
+		}
+		graceful := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful)
+		var cut Cutter
+		if graceful && errors.As(context.Cause(ctx), &cut) {
+			// Deliver what was read, then cut, then close: what the reader queues
+			// meanwhile is not delivered here (the next owner resumes after the cut).
+			s.flushQueued(ctx, msgs)
+			cut.Cut()
+			graceful = false
+		}
+		s.closeSocket(sock)
+		if fresh != nil {
+			s.closeSocket(fresh)
+			s.cfg.Metrics.Overlap.Add(-1)
+		}
+		if graceful {
+			s.flushQueued(ctx, msgs)
+		}
+		return err
+	}
 }

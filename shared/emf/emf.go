@@ -24,9 +24,20 @@ type Metric struct {
 	Value float64
 }
 
+// Dimension is one dimension of a line: its name, and its value for every metric
+// of the line.
+type Dimension struct{ Name, Value string }
+
 // Write writes one line carrying ms in namespace, with no dimensions (alarms and
 // dashboards refer to the metric by namespace and name only).
 func Write(w io.Writer, namespace string, ts time.Time, ms ...Metric) error {
+	return WriteDims(w, namespace, nil, ts, ms...)
+}
+
+// WriteDims writes one line carrying ms in namespace under one dimension set, dims
+// (none: the metrics have no dimension). The line goes out in one Write call, so
+// a caller that serializes its calls never interleaves lines.
+func WriteDims(w io.Writer, namespace string, dims []Dimension, ts time.Time, ms ...Metric) error {
 	type def struct {
 		Name string `json:"Name"`
 		Unit string `json:"Unit"`
@@ -37,11 +48,16 @@ func Write(w io.Writer, namespace string, ts time.Time, ms ...Metric) error {
 		defs[i] = def{m.Name, m.Unit}
 		line[m.Name] = m.Value
 	}
+	names := make([]string, len(dims))
+	for i, d := range dims {
+		names[i] = d.Name
+		line[d.Name] = d.Value
+	}
 	line["_aws"] = map[string]any{
 		"Timestamp": ts.UnixMilli(),
 		"CloudWatchMetrics": []any{map[string]any{
 			"Namespace":  namespace,
-			"Dimensions": [][]string{{}},
+			"Dimensions": [][]string{names},
 			"Metrics":    defs,
 		}},
 	}

@@ -1,0 +1,67 @@
+package wakeup
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+)
+
+// SignedPost sends the signed POST of every call between sockfleet's parts (wakeups,
+// worker-to-worker handoffs): a JSON body with the HeaderTimestamp and
+// HeaderSignature headers, signed with Sign. The receiver checks it with Verify and
+// Replay.
+type SignedPost struct {
+	Secret []byte
+	HTTP   *http.Client     // default: a client with Timeout
+	Now    func() time.Time // default time.Now
+	// Timeout bounds one call when HTTP is nil; 0: no bound but ctx's.
+	Timeout time.Duration
+}
+
+// JSON posts v, encoded as JSON, as Do does.
+func (p SignedPost) JSON(ctx context.Context, url string, v any, max int64) ([]byte, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode: %w", err)
+	}
+	return p.Do(ctx, url, body, max)
+}
+
+// Do posts body to url and returns the body of a 200 answer, read up to max bytes.
+// Any other status is an error quoting the start of the answer. Errors carry no
+// prefix: the caller names the call.
+func (p SignedPost) Do(ctx context.Context, url string, body []byte, max int64) ([]byte, error) {
+	now := time.Now
+	if p.Now != nil {
+		now = p.Now
+	}
+	ts := Timestamp(now())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderTimestamp, ts)
+	req.Header.Set(HeaderSignature, Sign(p.Secret, ts, body))
+	hc := p.HTTP
+	if hc == nil {
+		hc = &http.Client{Timeout: p.Timeout}
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, max))
+	if err != nil {
+		return nil, fmt.Errorf("read reply: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d: %.200s", resp.StatusCode, data)
+	}
+	return data, nil
+}

@@ -1,0 +1,59 @@
+package stream
+
+import (
+	"context"
+	"time"
+)
+
+// rotator replaces sock, make-before-break, shortly before max_lifetime or when
+// the reader saw the upstream announce its shutdown: it dials and opens a new socket
+// while the old one streams on, hands it over on next, then stops the old reader.
+func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct{}, next chan<- *socket) {
+	var due <-chan time.Time
+	if life := s.set.spec.MaxLifetime; life > 0 {
+		// Rotate a little before the cap (a tenth of it, 1 s to 30 s, at most a quarter),
+		// plus up to as much again of jitter, so a fleet opened at once does not
+		// rotate at once.
+		lead := min(max(life/10, time.Second), 30*time.Second, life/4)
+		lead += time.Duration(s.cfg.Jitter() * float64(lead))
+		t := time.NewTimer(time.Until(sock.opened.Add(life - lead)))
+		defer t.Stop()
+		due = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-due:
+	case <-rotate:
+	}
+	for failures := 0; ; failures++ {
+		pos := s.position()
+		from, resumed := pos.Seq, true
+		if pos.Seq == 0 && pos.Epoch == 0 {
+			if q := sock.queued.Load(); q > 0 {
+				from = q // nothing delivered yet: what the old socket queued will be
+			} else {
+				from, resumed = s.set.spec.StartSeq()
+			}
+		}
+		fresh, err := s.connect(ctx, from, resumed)
+		if err == nil {
+			// Both sockets are open now: the old one streams until its reader stops.
+			n := s.cfg.Metrics.Overlap.Add(1)
+			for p := s.cfg.Metrics.OverlapPeak.Load(); n > p && !s.cfg.Metrics.OverlapPeak.CompareAndSwap(p, n); {
+				p = s.cfg.Metrics.OverlapPeak.Load()
+			}
+			next <- fresh
+			sock.stopReading()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		wait := Backoff(failures, s.cfg.BackoffMin, s.cfg.BackoffMax, s.cfg.Jitter())
+		s.cfg.Log.Info("rotation dial failed; the old socket streams on", "conn", s.id, "err", err, "wait", wait)
+		if _, err := sleep(ctx, wait, nil); err != nil {
+			return
+		}
+	}
+}
