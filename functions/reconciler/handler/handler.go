@@ -39,11 +39,11 @@ import (
 
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
-	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/functions/reconciler/records"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rounds"
 	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
+	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
