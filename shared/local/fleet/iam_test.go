@@ -21,33 +21,6 @@ var unexercised = map[string]string{
 	"kinesis":        "the test fleets deliver to a collector; the Kinesis sink's permission is enforced by `make run SINK=kinesis`",
 }
 
-// patchedTemplate is the synthesized template, with what the stack is known to
-// lack granted here, in this test only (see the report of the change that added
-// enforcement): the worker's start-up pass Scans the table.
-func patchedTemplate(t *testing.T) *iam.Template {
-	t.Helper()
-	tpl, err := fleet.LoadTemplate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker, err := tpl.TaskRole(schema.WorkerContainer)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raws, err := tpl.Statements(worker)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range raws {
-		actions, _ := r.Body["Action"].([]any)
-		if slices.Contains(actions, any("dynamodb:GetItem")) && !slices.Contains(actions, any("dynamodb:Scan")) {
-			r.Body["Action"] = append(actions, "dynamodb:Scan")
-			t.Logf("the template lacks dynamodb:Scan for the worker's start-up pass; granted in this test only (%s)", r.Source)
-		}
-	}
-	return tpl
-}
-
 // TestIAMStatementsBite removes, one at a time, each statement of the worker's and
 // the reconciler's policies from the template, runs a small flow (two workers and
 // the reconciler; a connection started, stopped, started again and handed over by
@@ -60,7 +33,10 @@ func TestIAMStatementsBite(t *testing.T) {
 	if !*enforceIAM {
 		t.Skip("-iam=false")
 	}
-	base := patchedTemplate(t)
+	base, err := fleet.LoadTemplate()
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("full policy", func(t *testing.T) {
 		f := startFleetWith(t, fleetOptions{Workers: 2, Template: base})
