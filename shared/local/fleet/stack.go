@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	"github.com/sockfleet/sockfleet/shared/local/netguard"
+	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/local/streampoller"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
@@ -61,6 +63,15 @@ type Config struct {
 	ReconcilerEnv  []string
 	SweepEvery     time.Duration // 0: no sweep
 
+	// Network, if set, is the synthesized template whose security group rules the
+	// fleet enforces on the calls its processes make to each other (package
+	// netguard): each worker's port is a front that refuses, and logs, a call the
+	// template would not admit on the worker's port there (its container port), and
+	// the worker itself listens on another port behind it. Nil: no enforcement.
+	Network *netrules.Template
+	// OnDeny, if set, is called with each call the network rules refused.
+	OnDeny func(netguard.Denial)
+
 	Log *slog.Logger
 }
 
@@ -74,6 +85,8 @@ type Stack struct {
 	wg      sync.WaitGroup
 	events  sync.Mutex
 	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
+	guard   *netguard.Guard
+	fronts  []*netguard.Front
 }
 
 // AWSEnv is the standard AWS settings that point a process at endpoint.
@@ -100,7 +113,13 @@ func AWSEnv(endpoint string) []string {
 // SOCKFLEET_* variables of this process's own environment never reach a worker (see
 // Supervisor), so a setting takes effect only when it is passed on purpose.
 func (c Config) WorkerEnviron(slot int, id string, port int) []string {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return c.workerEnviron(slot, id, port, port)
+}
+
+// workerEnviron is WorkerEnviron for a worker listening on one port and reached on
+// another (through a netguard front).
+func (c Config) workerEnviron(slot int, id string, listen, advertise int) []string {
+	local := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 	env := []string{
 		schema.EnvSink + "=file:" + c.SinkPath(id),
 		schema.EnvSeqPath + "=seq",
@@ -116,8 +135,8 @@ func (c Config) WorkerEnviron(slot int, id string, port int) []string {
 	return append(env,
 		schema.EnvTable+"="+c.Table,
 		schema.EnvWorkerID+"="+id,
-		schema.EnvListenAddr+"="+addr,
-		schema.EnvAdvertiseAddr+"="+addr,
+		schema.EnvListenAddr+"="+local(listen),
+		schema.EnvAdvertiseAddr+"="+local(advertise),
 		schema.EnvWakeupSecret+"="+c.Secret)
 }
 
@@ -195,6 +214,18 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Stack{cfg: cfg, cancel: cancel, Invokes: map[string]int{}}
 	fail := func(err error) (*Stack, error) { s.Stop(); return nil, err }
+	var workerPort int // the worker's port in the template, with enforcement on
+	if cfg.Network != nil {
+		var err error
+		if workerPort, err = cfg.Network.ListenerPort(netrules.Worker); err != nil {
+			return fail(fmt.Errorf("network rules: %w", err))
+		}
+		if s.guard, err = netguard.New(cfg.Network, cfg.Log, cfg.OnDeny); err != nil {
+			cfg.Log.Warn("network rules are not enforced on this machine", "err", err)
+		} else {
+			cfg.Log.Info("network rules enforced between the fleet's processes", "template", cfg.Network.Path)
+		}
+	}
 
 	if cfg.Bootstrap != "" {
 		lf, err := os.Create(filepath.Join(cfg.Dir, "logs", "reconciler.log"))
@@ -211,6 +242,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		})
 		if err != nil {
 			return fail(err)
+		}
+		if s.guard != nil {
+			// The function runs as the emulator's child.
+			s.guard.AddTree(s.Lambda.Pid(), netrules.Reconciler, "")
 		}
 		streams := dynamodbstreams.New(dynamodbstreams.Options{
 			Region: LocalRegion, BaseEndpoint: aws.String(cfg.Endpoint),
@@ -267,21 +302,67 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			}
 		},
 	}
+	// Every slot's ports are settled before any worker starts (or restarts).
+	ports, listen := make([]int, cfg.Workers), make([]int, cfg.Workers)
 	for i := range cfg.Workers {
-		port := 0
 		if cfg.BasePort != 0 {
-			port = cfg.BasePort + i
-		} else {
-			var err error
-			if port, err = freePort(); err != nil {
+			ports[i] = cfg.BasePort + i
+		}
+		var err error
+		switch {
+		case s.guard != nil:
+			// The worker listens on a free port; its advertised one is the front's.
+			if listen[i], err = freePort(); err != nil {
+				return fail(err)
+			}
+			f, err := s.guard.Front(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])),
+				net.JoinHostPort("127.0.0.1", strconv.Itoa(listen[i])), workerPort, s.workerIn(i))
+			if err != nil {
+				return fail(err)
+			}
+			s.fronts = append(s.fronts, f)
+			_, p, _ := net.SplitHostPort(f.Addr())
+			ports[i], _ = strconv.Atoi(p)
+		case ports[i] == 0:
+			if ports[i], err = freePort(); err != nil {
 				return fail(err)
 			}
 		}
-		if _, err := s.Sup.Start(ctx, i, port); err != nil {
+	}
+	if s.guard != nil {
+		s.Sup.Env = func(slot int, id string, port int) []string { return cfg.workerEnviron(slot, id, listen[slot], port) }
+		s.Sup.Started = func(p *Proc) { s.guard.Add(p.Pid(), netrules.Worker, p.ID) }
+		s.Sup.Exited = func(p *Proc) { s.guard.Remove(p.Pid()) }
+	}
+	for i := range cfg.Workers {
+		if _, err := s.Sup.Start(ctx, i, ports[i]); err != nil {
 			return fail(err)
 		}
 	}
 	return s, nil
+}
+
+// workerIn names the worker in slot now, for the front before it.
+func (s *Stack) workerIn(slot int) func() netguard.Party {
+	return func() netguard.Party {
+		p := s.Sup.Get(slot)
+		if p == nil {
+			return netguard.Party{Workload: netrules.Worker, Name: fmt.Sprintf("(slot %d, none yet)", slot)}
+		}
+		return netguard.Party{Workload: netrules.Worker, Name: p.ID, Pid: p.Pid()}
+	}
+}
+
+// Enforcing reports whether the fleet enforces the template's network rules.
+func (s *Stack) Enforcing() bool { return s.guard != nil }
+
+// Denials returns the calls the network rules refused so far (the first thousand);
+// nil without enforcement.
+func (s *Stack) Denials() []netguard.Denial {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.Denials()
 }
 
 // handleStream passes a batch to the reconciler exactly as Lambda would.
@@ -329,6 +410,10 @@ func (s *Stack) Sweep(ctx context.Context) error {
 func (s *Stack) Stop() {
 	if s.Sup != nil {
 		s.Sup.Stop(30 * time.Second)
+	}
+	// After the workers: a drain hands connections over through the fronts.
+	for _, f := range s.fronts {
+		f.Close()
 	}
 	s.cancel()
 	s.wg.Wait()

@@ -113,8 +113,8 @@ func (r Rule) ports() string {
 
 func (r Rule) allProtocols() bool { return r.Protocol == "-1" || strings.EqualFold(r.Protocol, "all") }
 
-// admitsTCP reports whether the rule's protocol and ports cover TCP port.
-func (r Rule) admitsTCP(port int) bool {
+// AdmitsTCP reports whether the rule's protocol and ports cover TCP port.
+func (r Rule) AdmitsTCP(port int) bool {
 	if r.allProtocols() {
 		return true
 	}
@@ -609,7 +609,7 @@ func (t *Template) DecideWorkloads(caller, callee string, port int) (Decision, e
 func (t *Template) match(dir Direction, group, peer string, port int) *Rule {
 	for i := range t.Rules {
 		r := &t.Rules[i]
-		if r.Direction != dir || r.Group != group || !r.admitsTCP(port) {
+		if r.Direction != dir || r.Group != group || !r.AdmitsTCP(port) {
 			continue
 		}
 		switch {
@@ -655,6 +655,22 @@ func (t *Template) WorkloadsIn(group string) []string {
 	var out []string
 	for name, w := range t.Workloads {
 		if slices.Contains(w.Groups, group) {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Peers lists the workloads on the other side of r (the callers an ingress rule may
+// admit, the callees an egress rule may), by name.
+func (t *Template) Peers(r Rule) []string {
+	if r.Peer != "" {
+		return t.WorkloadsIn(r.Peer)
+	}
+	var out []string
+	if r.CIDR != "" && t.coversVPC(r.CIDR) {
+		for name := range t.Workloads {
 			out = append(out, name)
 		}
 	}

@@ -69,6 +69,19 @@ func TestParseFixture(t *testing.T) {
 	if ws := tm.WorkloadsIn(reconcilerSG); !slices.Equal(ws, []string{Reconciler}) {
 		t.Errorf("WorkloadsIn(reconciler group) = %v", ws)
 	}
+	for _, tc := range []struct {
+		r    Rule
+		want []string
+	}{
+		{tm.IngressOf(Worker)[0], []string{Reconciler}},
+		{Rule{CIDR: "0.0.0.0/0"}, []string{Reconciler, Worker}},
+		{Rule{CIDR: "10.0.1.0/24"}, nil},
+		{Rule{Peer: "sg-0123456789"}, nil},
+	} {
+		if got := tm.Peers(tc.r); !slices.Equal(got, tc.want) {
+			t.Errorf("Peers(%s) = %v, want %v", tc.r, got, tc.want)
+		}
+	}
 }
 
 func TestDecide(t *testing.T) {
