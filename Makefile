@@ -39,7 +39,7 @@ local-bin:
 # `make run SINK=kinesis` delivers to a stream on kinesalite instead of files.
 RUN_ARGS ?=
 
-run: tools local-bin
+run: tools local-bin template
 	.local/bin/sockfleet-local $(if $(SINK),-sink $(SINK)) $(RUN_ARGS)
 
 test: tools vet fmt-check unit infra-test
@@ -51,7 +51,7 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v /testdata/)); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
-unit: tools
+unit: tools template
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 bench: tools
@@ -63,7 +63,7 @@ clean:
 # AWS (README, "Deploying to AWS"). The reconciler Lambda is a static linux/arm64
 # `bootstrap`; the CDK app in infra/ is a Go module of its own, run by cdk.json.
 # Extra CLI arguments go in CDK_ARGS, e.g. make deploy CDK_ARGS='-c desiredCount=4'.
-.PHONY: lambda synth deploy infra-test
+.PHONY: lambda synth deploy infra-test template
 CDK        := .tools/node_modules/.bin/cdk
 CDK_ARGS   ?=
 CDK_SILENT := CDK_DISABLE_VERSION_CHECK=true CDK_DISABLE_CLI_TELEMETRY=true
@@ -83,3 +83,13 @@ deploy: tools lambda
 infra-test: tools lambda
 	cd infra && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
 	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices
+
+# The synthesized template. `make run`, the fleet tests and the benchmarks enforce its
+# security groups on the calls between the local processes (shared/local/netrules),
+# so it is synthesized again whenever the stack's code may have changed it.
+TEMPLATE := cdk.out/Sockfleet.template.json
+template: $(TEMPLATE)
+$(TEMPLATE): $(TOOLS) cdk.json $(shell git ls-files infra shared/schema shared/filters 2>/dev/null)
+	$(MAKE) lambda
+	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices
+	@touch $@

@@ -77,16 +77,19 @@ type Config struct {
 
 // Stack is a running local fleet.
 type Stack struct {
-	cfg     Config
-	Sup     *Supervisor
-	Lambda  *Emulator
-	Poller  *streampoller.Poller
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	events  sync.Mutex
-	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
-	guard   *netguard.Guard
-	fronts  []*netguard.Front
+	cfg        Config
+	Sup        *Supervisor
+	Lambda     *Emulator
+	Poller     *streampoller.Poller
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	events     sync.Mutex
+	Invokes    map[string]int // invocations by kind: stream, task-stopped, sweep
+	guard      *netguard.Guard
+	workerPort int // the worker's port in the template
+	fmu        sync.Mutex
+	fronts     map[int]*netguard.Front // by slot
+	listen     map[int]int             // by slot: where its worker listens, behind the front
 }
 
 // AWSEnv is the standard AWS settings that point a process at endpoint.
@@ -214,10 +217,9 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Stack{cfg: cfg, cancel: cancel, Invokes: map[string]int{}}
 	fail := func(err error) (*Stack, error) { s.Stop(); return nil, err }
-	var workerPort int // the worker's port in the template, with enforcement on
 	if cfg.Network != nil {
 		var err error
-		if workerPort, err = cfg.Network.ListenerPort(netrules.Worker); err != nil {
+		if s.workerPort, err = cfg.Network.ListenerPort(netrules.Worker); err != nil {
 			return fail(fmt.Errorf("network rules: %w", err))
 		}
 		if s.guard, err = netguard.New(cfg.Network, cfg.Log, cfg.OnDeny); err != nil {
@@ -302,44 +304,72 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			}
 		},
 	}
-	// Every slot's ports are settled before any worker starts (or restarts).
-	ports, listen := make([]int, cfg.Workers), make([]int, cfg.Workers)
-	for i := range cfg.Workers {
-		if cfg.BasePort != 0 {
-			ports[i] = cfg.BasePort + i
-		}
-		var err error
-		switch {
-		case s.guard != nil:
-			// The worker listens on a free port; its advertised one is the front's.
-			if listen[i], err = freePort(); err != nil {
-				return fail(err)
-			}
-			f, err := s.guard.Front(net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[i])),
-				net.JoinHostPort("127.0.0.1", strconv.Itoa(listen[i])), workerPort, s.workerIn(i))
-			if err != nil {
-				return fail(err)
-			}
-			s.fronts = append(s.fronts, f)
-			_, p, _ := net.SplitHostPort(f.Addr())
-			ports[i], _ = strconv.Atoi(p)
-		case ports[i] == 0:
-			if ports[i], err = freePort(); err != nil {
-				return fail(err)
-			}
-		}
-	}
 	if s.guard != nil {
-		s.Sup.Env = func(slot int, id string, port int) []string { return cfg.workerEnviron(slot, id, listen[slot], port) }
+		s.Sup.Env = func(slot int, id string, port int) []string {
+			return cfg.workerEnviron(slot, id, s.listenPort(slot, port), port)
+		}
 		s.Sup.Started = func(p *Proc) { s.guard.Add(p.Pid(), netrules.Worker, p.ID) }
 		s.Sup.Exited = func(p *Proc) { s.guard.Remove(p.Pid()) }
 	}
 	for i := range cfg.Workers {
-		if _, err := s.Sup.Start(ctx, i, ports[i]); err != nil {
+		port := 0
+		if cfg.BasePort != 0 {
+			port = cfg.BasePort + i
+		}
+		if _, err := s.StartWorker(ctx, i, port); err != nil {
 			return fail(err)
 		}
 	}
 	return s, nil
+}
+
+// StartWorker starts a worker in slot (a new one, or one whose worker exited for
+// good), reached on port (0: a free one). With the network rules enforced, port is
+// a front's and the worker listens behind it; use this rather than Sup.Start, which
+// knows nothing of fronts. The fleet's context governs restarts.
+func (s *Stack) StartWorker(ctx context.Context, slot, port int) (*Proc, error) {
+	if s.guard == nil {
+		if port == 0 {
+			var err error
+			if port, err = freePort(); err != nil {
+				return nil, err
+			}
+		}
+		return s.Sup.Start(ctx, slot, port)
+	}
+	s.fmu.Lock()
+	f := s.fronts[slot]
+	if f == nil {
+		lp, err := freePort()
+		if err != nil {
+			s.fmu.Unlock()
+			return nil, err
+		}
+		f, err = s.guard.Front(net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			net.JoinHostPort("127.0.0.1", strconv.Itoa(lp)), s.workerPort, s.workerIn(slot))
+		if err != nil {
+			s.fmu.Unlock()
+			return nil, err
+		}
+		if s.fronts == nil {
+			s.fronts, s.listen = map[int]*netguard.Front{}, map[int]int{}
+		}
+		s.fronts[slot], s.listen[slot] = f, lp
+	}
+	s.fmu.Unlock()
+	_, p, _ := net.SplitHostPort(f.Addr())
+	port, _ = strconv.Atoi(p)
+	return s.Sup.Start(ctx, slot, port)
+}
+
+// listenPort is where slot's worker listens: behind its front, or on port itself.
+func (s *Stack) listenPort(slot, port int) int {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if lp, ok := s.listen[slot]; ok {
+		return lp
+	}
+	return port
 }
 
 // workerIn names the worker in slot now, for the front before it.
@@ -412,9 +442,11 @@ func (s *Stack) Stop() {
 		s.Sup.Stop(30 * time.Second)
 	}
 	// After the workers: a drain hands connections over through the fronts.
+	s.fmu.Lock()
 	for _, f := range s.fronts {
 		f.Close()
 	}
+	s.fmu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 	if s.Lambda != nil {
