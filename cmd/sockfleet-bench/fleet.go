@@ -25,6 +25,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/netguard"
 	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -191,9 +192,8 @@ func (f *benchFleet) Stop() {
 	if f.stack != nil {
 		f.stack.Stop()
 		// The fleet logs each refusal; with a silent log, say it here.
-		if ds := f.stack.Denials(); len(ds) > 0 {
-			fmt.Fprintf(os.Stderr, "sockfleet-bench: %s: the template's security groups refused %d calls, so its figures do not hold on AWS; the first: %s\n",
-				f.dir, len(ds), ds[0])
+		for _, line := range netguard.Summary(f.stack.Denials()) {
+			fmt.Fprintf(os.Stderr, "sockfleet-bench: %s: calls the template's security groups refuse, so its figures do not hold on AWS: %s\n", f.dir, line)
 		}
 	}
 	for _, p := range []*fleet.FaultProxy{f.workers, f.recon} {

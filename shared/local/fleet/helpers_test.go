@@ -187,8 +187,8 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 	t.Cleanup(func() {
 		st.Stop()
 		if o.OnDeny == nil {
-			for _, d := range st.Denials() {
-				t.Errorf("a call the stack's security groups do not admit (%s): %s", network.Path, d)
+			for _, line := range netguard.Summary(st.Denials()) {
+				t.Errorf("calls the stack's security groups do not admit (%s): %s", network.Path, line)
 			}
 		}
 		if t.Failed() {

@@ -400,3 +400,30 @@ func pipe(a, b net.Conn) {
 	a.Close()
 	b.Close()
 }
+
+// Summary groups denials by workloads, port and missing rule, in order of first
+// occurrence: one line each, with a count and the first call's parties.
+func Summary(ds []Denial) []string {
+	type group struct {
+		first Denial
+		n     int
+	}
+	var keys []string
+	groups := map[string]*group{}
+	for _, d := range ds {
+		k := fmt.Sprintf("%s->%s:%d:%s", d.Caller.Workload, d.Callee.Workload, d.Port, d.Decision)
+		if g, ok := groups[k]; ok {
+			g.n++
+			continue
+		}
+		keys = append(keys, k)
+		groups[k] = &group{first: d, n: 1}
+	}
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		g := groups[k]
+		out = append(out, fmt.Sprintf("%s to %s on port %d, %d times (first %s): %s",
+			g.first.Caller.Workload, g.first.Callee.Workload, g.first.Port, g.n, g.first, g.first.Decision))
+	}
+	return out
+}

@@ -217,3 +217,24 @@ func TestParseProcAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestSummary(t *testing.T) {
+	tm := template(t, wakeupRules)
+	peer := tm.Decide("W", "W", 8080)
+	wake := tm.Decide("R", "W", 9090)
+	w := func(name string) Party { return Party{Workload: netrules.Worker, Name: name, Pid: 1} }
+	ds := []Denial{
+		{Caller: w("a"), Callee: w("b"), Port: 8080, Decision: peer},
+		{Caller: Party{Workload: netrules.Reconciler}, Callee: w("b"), Port: 9090, Decision: wake},
+		{Caller: w("b"), Callee: w("c"), Port: 8080, Decision: peer},
+	}
+	got := Summary(ds)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "worker to worker on port 8080, 2 times (first worker a") ||
+		!strings.HasPrefix(got[1], "reconciler to worker on port 9090, 1 times") ||
+		!strings.Contains(got[0], "no ingress rule of W admits tcp 8080 from W") {
+		t.Errorf("Summary:\n%s", strings.Join(got, "\n"))
+	}
+	if len(Summary(nil)) != 0 {
+		t.Error("Summary(nil): want an empty list")
+	}
+}
