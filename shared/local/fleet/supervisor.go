@@ -2,6 +2,10 @@
 // Lambda play in AWS: a supervisor for worker processes that reports each exit as an
 // ECS Task State Change event, and the Lambda runtime emulator that runs the real
 // reconciler binary. `make run`, the end-to-end tests and the benchmarks use it.
+//
+// Given the synthesized template (Config.Network), it also plays the VPC's security
+// groups: the calls its processes make to the workers (the reconciler's wakeups, the
+// workers' handoffs) pass only if the template admits them (package netguard).
 package fleet
 
 import (
