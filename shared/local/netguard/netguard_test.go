@@ -1,3 +1,5 @@
+//go:build linux
+
 package netguard
 
 import (
@@ -6,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -236,5 +239,48 @@ func TestSummary(t *testing.T) {
 	}
 	if len(Summary(nil)) != 0 {
 		t.Error("Summary(nil): want an empty list")
+	}
+}
+
+// TestSocketLookups: the kernel's socket diagnostics and /proc/net/tcp find the same
+// socket, the caller's end of a connection, and neither finds one that is gone.
+func TestSocketLookups(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	caller, callee := c.LocalAddr().(*net.TCPAddr).AddrPort(), c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	diag, err := diagInode(caller, callee)
+	if err != nil {
+		t.Fatalf("socket diagnostics: %v", err)
+	}
+	scan, err := scanInode(caller, callee)
+	if err != nil || scan != diag {
+		t.Fatalf("/proc/net/tcp: %d, %v; socket diagnostics: %d", scan, err, diag)
+	}
+	if !holds(os.Getpid(), diag) {
+		t.Errorf("this process does not hold socket %d", diag)
+	}
+	// The other end is another socket.
+	if other, err := diagInode(callee, caller); err != nil || other == diag {
+		t.Errorf("the callee's end: %d, %v", other, err)
+	}
+	c.Close()
+	gone := netip.AddrPortFrom(caller.Addr(), 1) // nobody's port
+	if _, err := diagInode(gone, callee); !errors.Is(err, errNoSocket) {
+		t.Errorf("socket diagnostics of no socket: %v, want errNoSocket", err)
+	}
+	if _, err := scanInode(gone, callee); !errors.Is(err, errNoSocket) {
+		t.Errorf("/proc/net/tcp of no socket: %v, want errNoSocket", err)
 	}
 }

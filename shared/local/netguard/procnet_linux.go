@@ -25,8 +25,17 @@ func supported() error {
 var errNoSocket = errors.New("no such socket")
 
 // socketInode finds the inode of the TCP socket whose local end is local and whose
-// remote end is remote, in /proc/net/tcp and /proc/net/tcp6.
+// remote end is remote: from the kernel's socket diagnostics, or where it has none,
+// in /proc/net/tcp and /proc/net/tcp6.
 func socketInode(local, remote netip.AddrPort) (uint64, error) {
+	ino, err := diagInode(local, remote)
+	if !errors.Is(err, errNoDiag) {
+		return ino, err
+	}
+	return scanInode(local, remote)
+}
+
+func scanInode(local, remote netip.AddrPort) (uint64, error) {
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		ino, err := scanTCP(f, local, remote)
 		if err == nil {
