@@ -4,7 +4,8 @@
 //
 // How: a Front is a small TCP proxy in front of a listener of the fleet (each worker's
 // wakeup port). For every connection it accepts, it finds the calling process: the
-// caller's end of the connection is a socket in /proc/net/tcp, whose inode one of the
+// kernel's socket diagnostics (netlink, as `ss` uses; /proc/net/tcp where there are
+// none) give the inode of the caller's end of the connection, which one of the
 // fleet's registered processes holds open in /proc/<pid>/fd. The process (or the
 // registered process it descends from: the reconciler runs as a child of the Lambda
 // runtime emulator) gives the caller's workload, the template gives each workload's
@@ -39,8 +40,8 @@
 //   - A process is judged by what it was registered as; one registered after it made
 //     a call (a worker is registered right after it is started, long before it can
 //     call anyone) would have been taken as outside the fleet.
-//   - Linux only (/proc). New reports the error elsewhere; the fleet then runs without
-//     enforcement and says so.
+//   - Linux only (netlink, /proc). New reports the error elsewhere; the fleet then runs
+//     without enforcement and says so.
 package netguard
 
 import (
