@@ -423,8 +423,9 @@ func Summary(ds []Denial) []string {
 	out := make([]string, 0, len(keys))
 	for _, k := range keys {
 		g := groups[k]
-		out = append(out, fmt.Sprintf("%s to %s on port %d, %d times (first %s): %s",
-			g.first.Caller.Workload, g.first.Callee.Workload, g.first.Port, g.n, g.first, g.first.Decision))
+		d := g.first
+		out = append(out, fmt.Sprintf("%s to %s on port %d, %d times (first %s -> %s, locally port %d): %s",
+			d.Caller.Workload, d.Callee.Workload, d.Port, g.n, d.Caller, d.Callee, d.LocalPort, d.Decision))
 	}
 	return out
 }
