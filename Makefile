@@ -91,9 +91,10 @@ synth: deploy-tools lambda
 deploy: deploy-tools lambda
 	$(CDK) deploy $(CDK_ARGS)
 
-# The synthesized template whose IAM policies `make run`, the fleet tests and the
-# benchmarks enforce locally (shared/local/iam). Synthesized again only when the stack's
-# sources or the arguments change; the infra build is cached after the first time.
+# The synthesized template whose IAM policies (shared/local/iam) and security groups
+# (shared/local/netrules) `make run`, the fleet tests and the benchmarks enforce
+# locally. Synthesized again only when the stack's sources or the arguments change;
+# the infra build is cached after the first time.
 # `make run SINK=kinesis` synthesizes the stack with its Kinesis stream, so the
 # workers may write to it.
 TEMPLATE      := cdk.out/Sockfleet.template.json
@@ -118,3 +119,4 @@ FORCE:
 infra-test: deploy-tools lambda
 	cd infra && $(GO) vet ./... && $(GO) test -count=1 -timeout 20m ./...
 	$(CDK_SILENT) $(CDK) synth --quiet --no-version-reporting --no-notices
+

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -23,6 +24,8 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/local/localddb"
+	"github.com/sockfleet/sockfleet/shared/local/netguard"
+	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -36,6 +39,37 @@ var enforceIAM = flag.Bool("iam", true, "enforce the synthesized stack's IAM pol
 
 // sweepPeriod is the backstop sweep's schedule in stream mode: the CDK stack's.
 const sweepPeriod = 60 * time.Second
+
+var (
+	networkRules = flag.Bool("network-rules", true, "enforce the synthesized template's security group rules on the calls "+
+		"between the fleets' processes, as `make run` does (a refused call is reported: its figures would not hold on AWS)")
+	templatePath = flag.String("template", "", "the template whose network rules to enforce; default: cdk.out/"+
+		netrules.DefaultStack+".template.json in this folder or a parent (make synth)")
+)
+
+var loadedTemplate struct {
+	once sync.Once
+	t    *netrules.Template
+	err  error
+}
+
+// network is the template the fleets enforce (read once); nil with -network-rules=false.
+func network() (*netrules.Template, error) {
+	if !*networkRules {
+		return nil, nil
+	}
+	loadedTemplate.once.Do(func() {
+		if *templatePath != "" {
+			loadedTemplate.t, loadedTemplate.err = netrules.Load(*templatePath)
+		} else {
+			loadedTemplate.t, loadedTemplate.err = netrules.LoadDefault()
+		}
+	})
+	if loadedTemplate.err != nil {
+		return nil, fmt.Errorf("network rules: %w (or pass -network-rules=false)", loadedTemplate.err)
+	}
+	return loadedTemplate.t, nil
+}
 
 // fleetSpec shapes one benchmark fleet.
 type fleetSpec struct {
@@ -139,6 +173,9 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 			return env
 		},
 	}
+	if cfg.Network, err = network(); err != nil {
+		return fail(err)
+	}
 	if spec.Mode == schema.ModeStream {
 		if f.recon, err = fleet.NewFaultProxy(engine, 2); err != nil {
 			return fail(err)
@@ -174,6 +211,10 @@ func startFleet(ctx context.Context, bins fleet.Binaries, spec fleetSpec, dir st
 func (f *benchFleet) Stop() {
 	if f.stack != nil {
 		f.stack.Stop()
+		// The fleet logs each refusal; with a silent log, say it here.
+		for _, line := range netguard.Summary(f.stack.Denials()) {
+			fmt.Fprintf(os.Stderr, "sockfleet-bench: %s: calls the template's security groups refuse, so its figures do not hold on AWS: %s\n", f.dir, line)
+		}
 	}
 	for _, p := range []*fleet.FaultProxy{f.workers, f.recon} {
 		if p != nil {

@@ -75,7 +75,7 @@ func runRebalance(ctx context.Context, bins fleet.Binaries, dir string, conns, c
 		if err != nil {
 			return nil, err
 		}
-		if _, err := f.stack.Sup.Start(ctx, slot, port); err != nil {
+		if _, err := f.stack.StartWorker(ctx, slot, port); err != nil {
 			return nil, err
 		}
 	}

@@ -35,6 +35,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite"
 	"github.com/sockfleet/sockfleet/shared/local/localddb"
+	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -49,7 +50,9 @@ type options struct {
 	workerEnv               envList // explicit worker settings, NAME=VALUE
 	sink                    string  // file or kinesis
 	kinesisPort             int
-	iam                     bool // enforce the synthesized stack's IAM policies
+	iam                     bool   // enforce the synthesized stack's IAM policies
+	network                 bool   // enforce the template's security group rules
+	template                string // the template; "": cdk.out's, found upward
 }
 
 // envList is a repeatable NAME=VALUE flag.
@@ -83,6 +86,10 @@ func main() {
 	flag.IntVar(&o.kinesisPort, "kinesis-port", 4567, "port of the local Kinesis engine (-sink kinesis)")
 	flag.BoolVar(&o.iam, "iam", true, "run the workers and the reconciler as their roles in the synthesized stack (cdk.out, `make template`), "+
 		"refusing what those roles may not do; -iam=false turns it off for debugging")
+	flag.BoolVar(&o.network, "network-rules", true, "enforce the synthesized template's security group rules on the calls between "+
+		"the workers and the reconciler, refusing (and logging) what AWS would drop")
+	flag.StringVar(&o.template, "template", "", "the template whose network rules to enforce; default: cdk.out/"+
+		netrules.DefaultStack+".template.json in this folder or a parent (make run synthesizes it)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sockfleet-local: unexpected arguments %q (worker settings go in -worker-env NAME=VALUE)\n", flag.Args())
@@ -113,6 +120,10 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("%s is missing: run `make run` (it builds it)", p)
 		}
+	}
+	network, err := networkRules(o)
+	if err != nil {
+		return err
 	}
 	secret := make([]byte, 32)
 	rand.Read(secret)
@@ -201,6 +212,7 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		ReconcilerEnv: []string{schema.EnvSweepPeriod + "=" + o.sweep.String()},
 		SweepEvery:    o.sweep, Log: log,
 		WorkerEnv: workerEnv,
+		Network:   network,
 	})
 	if err != nil {
 		return err
@@ -218,6 +230,7 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   sweep             every %s
   sinks             %s
   IAM               %s
+  network rules     %s
 
 In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
@@ -226,10 +239,10 @@ In another terminal:
   .local/bin/sockfleet conn add feed-1 ws://%[5]s/streams/feed-1
   .local/bin/sockfleet conn stop demo-1                        # closes within a second
   .local/bin/sockfleet conn start demo-1
-  kill -9 $(pgrep -f '^%[14]s' | head -1)   # failover: watch the owners change
-  .local/bin/sockfleet %[15]s   # what was delivered
+  kill -9 $(pgrep -f '^%[15]s' | head -1)   # failover: watch the owners change
+  .local/bin/sockfleet %[16]s   # what was delivered
 `, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
-		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, workerBin, tailHint)
+		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, networkState(network, st), workerBin, tailHint)
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
@@ -246,6 +259,37 @@ func workerPorts(st *fleet.Stack, n int) string {
 		}
 	}
 	return fmt.Sprintf("%d processes on 127.0.0.1 ports %s", n, strings.Join(ports, ", "))
+}
+
+// networkRules loads the template whose rules the fleet enforces; nil with
+// -network-rules=false.
+func networkRules(o options) (*netrules.Template, error) {
+	if !o.network {
+		return nil, nil
+	}
+	path := o.template
+	if path == "" {
+		var err error
+		if path, err = netrules.Find(netrules.DefaultStack); err != nil {
+			return nil, fmt.Errorf("network rules: %w (or pass -network-rules=false)", err)
+		}
+	}
+	t, err := netrules.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("network rules: %w (or pass -network-rules=false)", err)
+	}
+	return t, nil
+}
+
+// networkState says in the banner whether and whose network rules are enforced.
+func networkState(t *netrules.Template, st *fleet.Stack) string {
+	switch {
+	case t == nil:
+		return "not enforced (-network-rules=false)"
+	case !st.Enforcing():
+		return "not enforced: this system cannot tell which process calls (see the log)"
+	}
+	return "the security groups of " + t.Path + ", enforced on calls to the workers; refused calls are logged"
 }
 
 func workerSettings(env []string) string {

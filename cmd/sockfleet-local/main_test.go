@@ -91,6 +91,7 @@ func startLocalWith(t *testing.T, bins fleet.Binaries, edit func(*options), env 
 			dir: dir, table: schema.DefaultTableName, bin: filepath.Dir(bins.Worker), rie: bins.RIE,
 			dbPort: freePort(t), workers: 2, demos: 3, rate: 20, sweep: time.Minute,
 			lambdaAddr: "127.0.0.1:0", upstream: "127.0.0.1:0", workerEnv: env,
+			network: true, // as `make run`: the template's security groups, from cdk.out
 		},
 		done: make(chan struct{}),
 	}
@@ -168,6 +169,9 @@ func TestTwoFleetsRunSideBySide(t *testing.T) {
 	for _, f := range []*localFleet{a, b} {
 		if out := f.out.String(); !strings.Contains(out, "sockfleet is running locally") || !strings.Contains(out, "sockfleet watch") {
 			t.Errorf("the banner does not say what runs and what to try:\n%s", out)
+		}
+		if out := f.out.String(); !strings.Contains(out, "network rules     the security groups of ") {
+			t.Errorf("the banner does not say the network rules are enforced:\n%s", out)
 		}
 	}
 	for _, tc := range []struct {
@@ -319,5 +323,22 @@ func TestRunWithKinesisSink(t *testing.T) {
 		if next[id] < cp {
 			t.Errorf("%s: the stream holds up to %d, checkpoint %d", id, next[id], cp)
 		}
+	}
+}
+
+// TestNetworkRulesOption: on, the template must be there, and the error says how to
+// make it or run without; off, none is read.
+func TestNetworkRulesOption(t *testing.T) {
+	if tm, err := networkRules(options{}); tm != nil || err != nil {
+		t.Errorf("off: %v, %v; want nothing", tm, err)
+	}
+	_, err := networkRules(options{network: true, template: filepath.Join(t.TempDir(), "missing.template.json")})
+	if err == nil || !strings.Contains(err.Error(), "-network-rules=false") {
+		t.Errorf("a missing template: %v; want an error naming -network-rules=false", err)
+	}
+	t.Chdir(t.TempDir()) // no cdk.out here or above
+	_, err = networkRules(options{network: true})
+	if err == nil || !strings.Contains(err.Error(), "make synth") {
+		t.Errorf("no cdk.out: %v; want an error saying to synthesize it", err)
 	}
 }

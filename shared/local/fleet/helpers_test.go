@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/local/iam"
+	"github.com/sockfleet/sockfleet/shared/local/netguard"
+	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 )
@@ -76,6 +79,50 @@ type fleetOptions struct {
 	// one. ExpectDenials keeps a denied call from failing the test.
 	Template      *iam.Template
 	ExpectDenials bool
+	// Network replaces the template whose rules the fleet enforces (a test's copy of
+	// it); nil: networkRules.
+	Network *netrules.Template
+	// OnDeny, if set, gets each call the network rules refused, which is then the
+	// test's to judge; without it, any refused call fails the test.
+	OnDeny func(netguard.Denial)
+}
+
+var (
+	netRules         = flag.Bool("netrules", true, "enforce the synthesized template's security group rules on calls between the fleet's processes")
+	netRulesTemplate = flag.String("netrules-template", "", "the template whose rules the fleets enforce; default: cdk.out/"+
+		netrules.DefaultStack+".template.json in this folder or a parent (make synth)")
+)
+
+var loadedRules struct {
+	once sync.Once
+	t    *netrules.Template
+	err  error
+}
+
+// templateUnderTest is the synthesized template (or -netrules-template), read once.
+func templateUnderTest(t *testing.T) *netrules.Template {
+	t.Helper()
+	loadedRules.once.Do(func() {
+		if *netRulesTemplate != "" {
+			loadedRules.t, loadedRules.err = netrules.Load(*netRulesTemplate)
+		} else {
+			loadedRules.t, loadedRules.err = netrules.LoadDefault()
+		}
+	})
+	if loadedRules.err != nil {
+		t.Fatalf("the fleet enforces the stack's network rules: %v\n"+
+			"(or run the fleet tests without them: go test ./shared/local/fleet/ -args -netrules=false)", loadedRules.err)
+	}
+	return loadedRules.t
+}
+
+// networkRules is the template the test fleets enforce; nil with -netrules=false.
+func networkRules(t *testing.T) *netrules.Template {
+	t.Helper()
+	if !*netRules {
+		return nil
+	}
+	return templateUnderTest(t)
 }
 
 func startFleet(t *testing.T, workers int, endpoint string) *testFleet {
@@ -126,7 +173,12 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 		endpoint = o.WorkerEndpoint(engine)
 	}
 	dir := t.TempDir()
+	network := o.Network
+	if network == nil {
+		network = networkRules(t)
+	}
 	st, err := fleet.Start(context.Background(), fleet.Config{
+		Network: network, OnDeny: o.OnDeny,
 		Keys: keys, Dir: dir, Endpoint: engine, WorkerEndpoint: endpoint, SlotEndpoint: o.SlotEndpoint, Table: e.Table, Cluster: "test",
 		Secret: "test-secret-0123456789abcdef", Workers: o.Workers, WorkerBin: b.Worker, Restart: true,
 		Bootstrap: b.Bootstrap, RIE: b.RIE, LambdaAddr: "127.0.0.1:0",
@@ -169,6 +221,11 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 		if enf != nil && !o.ExpectDenials {
 			for _, d := range enf.Denials() {
 				t.Errorf("IAM denied %s %s on %s: %s", d.Role, d.Action, d.Resource, d.Message)
+			}
+		}
+		if o.OnDeny == nil {
+			for _, line := range netguard.Summary(st.Denials()) {
+				t.Errorf("calls the stack's security groups do not admit (%s): %s", network.Path, line)
 			}
 		}
 		if t.Failed() {

@@ -156,6 +156,9 @@ func resolvePort(addr string) (string, error) {
 func (e *Emulator) Addr() string           { return e.addr }
 func (e *Emulator) RuntimeAPIAddr() string { return e.runtimeAPI }
 
+// Pid is the emulator's process id; the function runs as its child.
+func (e *Emulator) Pid() int { return e.cmd.Process.Pid }
+
 // Invoke sends one event and returns the function's result. A function error (the
 // Lambda error envelope) is returned as an error.
 func (e *Emulator) Invoke(ctx context.Context, event []byte) ([]byte, error) {

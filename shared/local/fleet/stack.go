@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodbstreams"
+	"github.com/sockfleet/sockfleet/shared/local/netguard"
+	"github.com/sockfleet/sockfleet/shared/local/netrules"
 	"github.com/sockfleet/sockfleet/shared/local/streampoller"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
@@ -65,20 +67,33 @@ type Config struct {
 	// poller) sign with: their roles, when Endpoint is an IAM proxy (EnforceIAM).
 	// Empty: AdminKey, unrestricted.
 	Keys Keys
+	// Network, if set, is the synthesized template whose security group rules the
+	// fleet enforces on the calls its processes make to each other (package
+	// netguard): each worker's port is a front that refuses, and logs, a call the
+	// template would not admit on the worker's port there (its container port), and
+	// the worker itself listens on another port behind it. Nil: no enforcement.
+	Network *netrules.Template
+	// OnDeny, if set, is called with each call the network rules refused.
+	OnDeny func(netguard.Denial)
 
 	Log *slog.Logger
 }
 
 // Stack is a running local fleet.
 type Stack struct {
-	cfg     Config
-	Sup     *Supervisor
-	Lambda  *Emulator
-	Poller  *streampoller.Poller
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	events  sync.Mutex
-	Invokes map[string]int // invocations by kind: stream, task-stopped, sweep
+	cfg        Config
+	Sup        *Supervisor
+	Lambda     *Emulator
+	Poller     *streampoller.Poller
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	events     sync.Mutex
+	Invokes    map[string]int // invocations by kind: stream, task-stopped, sweep
+	guard      *netguard.Guard
+	workerPort int // the worker's port in the template
+	fmu        sync.Mutex
+	fronts     map[int]*netguard.Front // by slot
+	listen     map[int]int             // by slot: where its worker listens, behind the front
 }
 
 // AWSEnv is the standard AWS settings that point a process at endpoint, as the
@@ -110,7 +125,13 @@ func AWSEnvAs(endpoint, key string) []string {
 // SOCKFLEET_* variables of this process's own environment never reach a worker (see
 // Supervisor), so a setting takes effect only when it is passed on purpose.
 func (c Config) WorkerEnviron(slot int, id string, port int) []string {
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	return c.workerEnviron(slot, id, port, port)
+}
+
+// workerEnviron is WorkerEnviron for a worker listening on one port and reached on
+// another (through a netguard front).
+func (c Config) workerEnviron(slot int, id string, listen, advertise int) []string {
+	local := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 	env := []string{
 		schema.EnvSink + "=file:" + c.SinkPath(id),
 		schema.EnvSeqPath + "=seq",
@@ -126,8 +147,8 @@ func (c Config) WorkerEnviron(slot int, id string, port int) []string {
 	return append(env,
 		schema.EnvTable+"="+c.Table,
 		schema.EnvWorkerID+"="+id,
-		schema.EnvListenAddr+"="+addr,
-		schema.EnvAdvertiseAddr+"="+addr,
+		schema.EnvListenAddr+"="+local(listen),
+		schema.EnvAdvertiseAddr+"="+local(advertise),
 		schema.EnvWakeupSecret+"="+c.Secret)
 }
 
@@ -205,6 +226,17 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Stack{cfg: cfg, cancel: cancel, Invokes: map[string]int{}}
 	fail := func(err error) (*Stack, error) { s.Stop(); return nil, err }
+	if cfg.Network != nil {
+		var err error
+		if s.workerPort, err = cfg.Network.ListenerPort(netrules.Worker); err != nil {
+			return fail(fmt.Errorf("network rules: %w", err))
+		}
+		if s.guard, err = netguard.New(cfg.Network, cfg.Log, cfg.OnDeny); err != nil {
+			cfg.Log.Warn("network rules are not enforced on this machine", "err", err)
+		} else {
+			cfg.Log.Info("network rules enforced between the fleet's processes", "template", cfg.Network.Path)
+		}
+	}
 
 	if cfg.Bootstrap != "" {
 		lf, err := os.Create(filepath.Join(cfg.Dir, "logs", "reconciler.log"))
@@ -221,6 +253,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		})
 		if err != nil {
 			return fail(err)
+		}
+		if s.guard != nil {
+			// The function runs as the emulator's child.
+			s.guard.AddTree(s.Lambda.Pid(), netrules.Reconciler, "")
 		}
 		// The event source mapping reads the stream with the function's role.
 		streams := dynamodbstreams.New(dynamodbstreams.Options{
@@ -278,21 +314,95 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			}
 		},
 	}
+	if s.guard != nil {
+		s.Sup.Env = func(slot int, id string, port int) []string {
+			return cfg.workerEnviron(slot, id, s.listenPort(slot, port), port)
+		}
+		s.Sup.Started = func(p *Proc) { s.guard.Add(p.Pid(), netrules.Worker, p.ID) }
+		s.Sup.Exited = func(p *Proc) { s.guard.Remove(p.Pid()) }
+	}
 	for i := range cfg.Workers {
 		port := 0
 		if cfg.BasePort != 0 {
 			port = cfg.BasePort + i
-		} else {
-			var err error
-			if port, err = freePort(); err != nil {
-				return fail(err)
-			}
 		}
-		if _, err := s.Sup.Start(ctx, i, port); err != nil {
+		if _, err := s.StartWorker(ctx, i, port); err != nil {
 			return fail(err)
 		}
 	}
 	return s, nil
+}
+
+// StartWorker starts a worker in slot (a new one, or one whose worker exited for
+// good), reached on port (0: a free one). With the network rules enforced, port is
+// a front's and the worker listens behind it; use this rather than Sup.Start, which
+// knows nothing of fronts. The fleet's context governs restarts.
+func (s *Stack) StartWorker(ctx context.Context, slot, port int) (*Proc, error) {
+	if s.guard == nil {
+		if port == 0 {
+			var err error
+			if port, err = freePort(); err != nil {
+				return nil, err
+			}
+		}
+		return s.Sup.Start(ctx, slot, port)
+	}
+	s.fmu.Lock()
+	f := s.fronts[slot]
+	if f == nil {
+		lp, err := freePort()
+		if err != nil {
+			s.fmu.Unlock()
+			return nil, err
+		}
+		f, err = s.guard.Front(net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			net.JoinHostPort("127.0.0.1", strconv.Itoa(lp)), s.workerPort, s.workerIn(slot))
+		if err != nil {
+			s.fmu.Unlock()
+			return nil, err
+		}
+		if s.fronts == nil {
+			s.fronts, s.listen = map[int]*netguard.Front{}, map[int]int{}
+		}
+		s.fronts[slot], s.listen[slot] = f, lp
+	}
+	s.fmu.Unlock()
+	_, p, _ := net.SplitHostPort(f.Addr())
+	port, _ = strconv.Atoi(p)
+	return s.Sup.Start(ctx, slot, port)
+}
+
+// listenPort is where slot's worker listens: behind its front, or on port itself.
+func (s *Stack) listenPort(slot, port int) int {
+	s.fmu.Lock()
+	defer s.fmu.Unlock()
+	if lp, ok := s.listen[slot]; ok {
+		return lp
+	}
+	return port
+}
+
+// workerIn names the worker in slot now, for the front before it.
+func (s *Stack) workerIn(slot int) func() netguard.Party {
+	return func() netguard.Party {
+		p := s.Sup.Get(slot)
+		if p == nil {
+			return netguard.Party{Workload: netrules.Worker, Name: fmt.Sprintf("(slot %d, none yet)", slot)}
+		}
+		return netguard.Party{Workload: netrules.Worker, Name: p.ID, Pid: p.Pid()}
+	}
+}
+
+// Enforcing reports whether the fleet enforces the template's network rules.
+func (s *Stack) Enforcing() bool { return s.guard != nil }
+
+// Denials returns the calls the network rules refused so far (the first thousand);
+// nil without enforcement.
+func (s *Stack) Denials() []netguard.Denial {
+	if s.guard == nil {
+		return nil
+	}
+	return s.guard.Denials()
 }
 
 // handleStream passes a batch to the reconciler exactly as Lambda would.
@@ -341,6 +451,12 @@ func (s *Stack) Stop() {
 	if s.Sup != nil {
 		s.Sup.Stop(30 * time.Second)
 	}
+	// After the workers: a drain hands connections over through the fronts.
+	s.fmu.Lock()
+	for _, f := range s.fronts {
+		f.Close()
+	}
+	s.fmu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 	if s.Lambda != nil {

@@ -4,6 +4,10 @@
 // reconciler binary. `make run`, the end-to-end tests and the benchmarks use it.
 // EnforceIAM plays IAM: each process runs as its role in the synthesized stack, and
 // is refused what that role may not do.
+//
+// Given the synthesized template (Config.Network), it also plays the VPC's security
+// groups: the calls its processes make to the workers (the reconciler's wakeups, the
+// workers' handoffs) pass only if the template admits them (package netguard).
 package fleet
 
 import (
@@ -40,6 +44,9 @@ type Supervisor struct {
 	// OnExit is called after a worker process exits (any cause), like ECS's
 	// Task State Change (STOPPED) event.
 	OnExit func(slot int, id string, err error)
+	// Started, if set, is called with each worker process right after it started
+	// (before Start returns), and Exited right after it exited (before OnExit).
+	Started, Exited func(p *Proc)
 	// Restart starts a new worker (a new task id) in a slot whose worker exited.
 	Restart      bool
 	RestartDelay time.Duration
@@ -69,6 +76,9 @@ type Proc struct {
 
 // Done is closed when the process has exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Start launches a worker in slot, with the port given.
 func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
@@ -106,6 +116,9 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 	}
 	p := &Proc{Slot: slot, ID: id, Port: port, cmd: cmd, done: make(chan struct{})}
 	s.procs[slot] = p
+	if s.Started != nil {
+		s.Started(p)
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -115,6 +128,9 @@ func (s *Supervisor) Start(ctx context.Context, slot, port int) (*Proc, error) {
 		}
 		close(p.done)
 		s.logger().Info("worker exited", "id", id, "err", p.err)
+		if s.Exited != nil {
+			s.Exited(p)
+		}
 		if s.OnExit != nil {
 			s.OnExit(slot, id, p.err)
 		}
