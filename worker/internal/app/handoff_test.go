@@ -425,7 +425,9 @@ func TestDrainByHandoff(t *testing.T) {
 	got := map[string]int{}
 	for _, id := range ids {
 		c := e.get(id)
-		if c.LeaseOwner != "w2" && c.LeaseOwner != "w3" || c.Status != "handed_off" {
+		// handed_off is the transfer's status; the new owner's next checkpoint says
+		// streaming, which on a loaded machine may already have landed.
+		if c.LeaseOwner != "w2" && c.LeaseOwner != "w3" || c.Status != "handed_off" && c.Status != "streaming" {
 			t.Fatalf("%s after the drain: %+v", id, c)
 		}
 		got[c.LeaseOwner]++

@@ -93,7 +93,10 @@ func TestFleetIdleTimeoutEndsAnUnreachedResumePoint(t *testing.T) {
 	}
 
 	// Once per idle episode: several idle checks and checkpoint rounds later, the item
-	// was not written again (idle costs nothing per connection-hour).
+	// was not written again (idle costs nothing per connection-hour). The worker's
+	// checkpoint count covers "own" too, whose one write of its streaming status may
+	// land late on a loaded machine: count from after it.
+	waitFor(t, 5*time.Second, "own's status written", func() bool { return e.get("own").Status == "streaming" })
 	n0, before := w.Metrics.Checkpoints.Load(), e.get("far")
 	time.Sleep(3 * time.Second) // three idle_timeouts, 7 checkpoint intervals
 	if n := w.Metrics.Checkpoints.Load(); n != n0 {
