@@ -92,14 +92,17 @@ func TestBlockedStdoutDoesNotStallTheWorker(t *testing.T) {
 	if res := e.wake(wk, wakeup.NeedsOwner, 0, "c1"); res[0].Result != wakeup.Acquired {
 		t.Fatalf("wake: %+v", res)
 	}
-	waitFor(t, 5*time.Second, "status backoff with the sink error", func() bool {
+	// The item says the sink holds the connection back: sink_slow while a write hangs,
+	// backoff (at most BackoffMax here) after it is abandoned. Which of the two a
+	// checkpoint catches depends on the machine's speed; both name the sink.
+	waitFor(t, 5*time.Second, "status backoff or sink_slow with the sink error", func() bool {
 		c := e.get("c1")
-		return c.Status == "backoff" && strings.Contains(c.StatusError, "sink")
+		return (c.Status == "backoff" || c.Status == "sink_slow") && strings.Contains(c.StatusError, "sink")
 	})
 	e.renewing("c1", "w1")
-	if n := wk.Metrics.SinkErrors.Load(); n == 0 {
-		t.Fatal("sink errors not counted")
-	}
+	waitFor(t, 5*time.Second, "a sink error counted (a write abandoned at the timeout)", func() bool {
+		return wk.Metrics.SinkErrors.Load() > 0
+	})
 	if n := wk.Metrics.LeasesLost.Load() + wk.Metrics.SelfFences.Load() + wk.Metrics.RenewFailures.Load(); n != 0 {
 		t.Fatalf("%d lost leases, self-fences or renew failures while only the sink was stuck", n)
 	}
