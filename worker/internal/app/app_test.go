@@ -445,10 +445,15 @@ func TestTakeoverResumesWithoutGap(t *testing.T) {
 	e.putConn("c1", schema.Started)
 	w1 := e.worker("w1", opts{})
 	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	var v1 int64 // w1's lease version, read with the checkpoint (no extra read before the cut)
 	waitFor(t, 5*time.Second, "w1 streaming across renews", func() bool {
-		return w1.sink.count("c1") >= rate && e.get("c1").LastSeq > 0
+		if w1.sink.count("c1") < rate {
+			return false
+		}
+		c := e.get("c1")
+		v1 = c.LeaseVersion
+		return c.LastSeq > 0
 	})
-	v1 := e.get("c1").LeaseVersion
 	// w1 dies without releasing: its table access is cut, then it stops.
 	w1.cut.mode.Store(fail)
 	w1.stop()
