@@ -51,11 +51,15 @@ func parseTail(args []string) (tailOpts, error) {
 	return o, nil
 }
 
-// tally is what tail saw of one connection.
+// tally is what tail saw of one connection: the records as they came (count, seq
+// range in the latest epoch, gaps, repeats, bad), and what the consumer rule
+// (docs/SINKS.md, "Fencing: effectively once") dropped.
 type tally struct {
 	n, repeats, gaps int
 	first, last      int64
+	epoch            int64
 	bad              int
+	stale, dups      int // dropped by the rule: a lower lease_version; at or below the accepted position
 }
 
 // printer writes records one per line and keeps per-connection tallies.
@@ -63,6 +67,7 @@ type printer struct {
 	out     io.Writer
 	conn    string
 	tallies map[string]*tally
+	fence   sinkrecord.Fence
 	skipped int // lines that were not records
 }
 
@@ -82,20 +87,31 @@ func (p *printer) line(b []byte) {
 	}
 	t := p.tallies[r.Conn]
 	if t == nil {
-		t = &tally{first: r.Seq, last: r.Seq - 1}
+		t = &tally{first: r.Seq, last: r.Seq - 1, epoch: r.Epoch}
 		p.tallies[r.Conn] = t
 	}
 	t.n++
 	switch {
 	case r.Bad:
 		t.bad++
-	case r.Seq <= t.last:
+	case r.Epoch > t.epoch: // the upstream's numbering restarted: a new range, no gap
+		t.epoch, t.first, t.last = r.Epoch, r.Seq, r.Seq
+	case r.Epoch < t.epoch || r.Seq <= t.last:
 		t.repeats++
 	case r.Seq > t.last+1:
 		t.gaps++
 		t.last = r.Seq
 	default:
 		t.last = r.Seq
+	}
+	flag := ""
+	switch p.fence.Check(r) {
+	case sinkrecord.Stale:
+		t.stale++
+		flag = " stale"
+	case sinkrecord.Duplicate:
+		t.dups++
+		flag = " duplicate"
 	}
 	data := string(r.Data)
 	switch {
@@ -104,9 +120,11 @@ func (p *printer) line(b []byte) {
 	case r.Binary:
 		data = fmt.Sprintf("(%d bytes) %x", len(r.Data), r.Data[:min(len(r.Data), 32)])
 	}
-	flag := ""
 	if r.Bad {
-		flag = " bad"
+		flag = " bad" + flag
+	}
+	if r.Version != 0 {
+		flag = fmt.Sprintf(" lease_version=%d%s", r.Version, flag)
 	}
 	fmt.Fprintf(p.out, "%s\tseq=%d epoch=%d%s\t%s\n", r.Conn, r.Seq, r.Epoch, flag, data)
 }
@@ -120,7 +138,12 @@ func (p *printer) summary() {
 	fmt.Fprintf(p.out, "\n%d connections\n", len(ids))
 	for _, id := range ids {
 		t := p.tallies[id]
-		fmt.Fprintf(p.out, "%s\t%d messages, seq %d..%d, %d gaps, %d repeats, %d bad\n", id, t.n, t.first, t.last, t.gaps, t.repeats, t.bad)
+		epoch := ""
+		if t.epoch != 0 {
+			epoch = fmt.Sprintf(" (epoch %d)", t.epoch)
+		}
+		fmt.Fprintf(p.out, "%s\t%d messages, seq %d..%d%s, %d gaps, %d repeats, %d bad; dropped %d stale, %d duplicates (lease_version %d)\n",
+			id, t.n, t.first, t.last, epoch, t.gaps, t.repeats, t.bad, t.stale, t.dups, p.fence.State(id).Version)
 	}
 	if p.skipped > 0 {
 		fmt.Fprintf(p.out, "%d lines were not sink records\n", p.skipped)

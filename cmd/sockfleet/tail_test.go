@@ -35,8 +35,9 @@ var tailWant = []string{
 	"b\tseq=8 epoch=1 bad\t(oversize: 1048700 bytes, not delivered)",
 	"! not a sink record",
 	"2 connections",
-	"a\t5 messages, seq 1..5, 1 gaps, 1 repeats, 1 bad",
-	"b\t2 messages, seq 7..7, 0 gaps, 0 repeats, 1 bad",
+	"a\tseq=2 epoch=0 duplicate\t{\"seq\":2}",
+	"a\t5 messages, seq 1..5, 1 gaps, 1 repeats, 1 bad; dropped 0 stale, 1 duplicates (lease_version 0)",
+	"b\t2 messages, seq 7..7 (epoch 1), 0 gaps, 0 repeats, 1 bad; dropped 0 stale, 0 duplicates (lease_version 0)",
 	"1 lines were not sink records",
 }
 
@@ -67,6 +68,54 @@ func TestTailFile(t *testing.T) {
 	if strings.Contains(out, "a\tseq=") || !strings.Contains(out, "1 connections") {
 		t.Fatalf("--conn b printed others:\n%s", out)
 	}
+}
+
+// A file sink's records of one connection across two owners (lease versions 5 then
+// 9), as the consumer rule sees them: the new owner's resume repeats what the old one
+// delivered past its checkpoint (duplicates), the old owner's write abandoned at its
+// timeout lands late (stale, even above the accepted position), and the upstream's
+// numbering restarts (a new epoch: neither a gap nor a repeat).
+func TestTailFence(t *testing.T) {
+	_, cmd := setup(t)
+	in := []string{
+		`{"conn":"t","seq":10,"epoch":0,"lease_version":5,"data":10}`,
+		`{"conn":"t","seq":11,"epoch":0,"lease_version":5,"data":11}`,
+		`{"conn":"t","seq":10,"epoch":0,"lease_version":9,"data":10}`, // resumed after the checkpoint 9
+		`{"conn":"t","seq":11,"epoch":0,"lease_version":9,"data":11}`,
+		`{"conn":"t","seq":12,"epoch":0,"lease_version":9,"data":12}`,
+		`{"conn":"t","seq":12,"epoch":0,"lease_version":5,"data":12}`, // the old owner's late write
+		`{"conn":"t","seq":13,"epoch":0,"lease_version":5,"data":13}`,
+		`{"conn":"t","seq":13,"epoch":0,"lease_version":9,"data":13}`,
+		`{"conn":"t","seq":1,"epoch":1,"lease_version":9,"data":1}`, // the numbering restarted
+		`{"conn":"t","seq":1,"epoch":1,"lease_version":9,"data":1}`,
+		`{"conn":"t","seq":2,"epoch":1,"lease_version":9,"data":2}`,
+	}
+	path := filepath.Join(t.TempDir(), "w.jsonl")
+	if err := os.WriteFile(path, []byte(strings.Join(in, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("tail", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var marks []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Split(l, "\t"); len(f) == 3 {
+			marks = append(marks, f[1])
+		}
+	}
+	want := []string{
+		"seq=10 epoch=0 lease_version=5", "seq=11 epoch=0 lease_version=5",
+		"seq=10 epoch=0 lease_version=9 duplicate", "seq=11 epoch=0 lease_version=9 duplicate",
+		"seq=12 epoch=0 lease_version=9",
+		"seq=12 epoch=0 lease_version=5 stale", "seq=13 epoch=0 lease_version=5 stale",
+		"seq=13 epoch=0 lease_version=9",
+		"seq=1 epoch=1 lease_version=9", "seq=1 epoch=1 lease_version=9 duplicate", "seq=2 epoch=1 lease_version=9",
+	}
+	if strings.Join(marks, "|") != strings.Join(want, "|") {
+		t.Fatalf("records judged\n%s\nwant\n%s", strings.Join(marks, "\n"), strings.Join(want, "\n"))
+	}
+	checkTail(t, out, []string{"t\t11 messages, seq 1..2 (epoch 1), 0 gaps, 5 repeats, 0 bad; dropped 2 stale, 3 duplicates (lease_version 9)"})
 }
 
 func TestTailKinesis(t *testing.T) {

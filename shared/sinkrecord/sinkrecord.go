@@ -4,11 +4,12 @@
 // everything that reads a sink back decodes with Parse or ParseBatch.
 //
 // Guarantees: Append writes one line (no newline inside, one at the end) in a fixed
-// field order, "conn", "seq", "epoch", then "bad", then the payload: "data" (a text
+// field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then the payload: "data" (a text
 // payload that is valid JSON, compacted) or "data_b64" (anything else, base64), or
 // "oversize" instead of a payload. Parse accepts exactly one JSON object with a
 // non-empty conn and exactly one payload (none for an oversize stub), and a record
-// Append wrote parses back to the same fields.
+// Append wrote parses back to the same fields. A record without "lease_version" (one
+// written before the field existed) parses with Version 0, below every real version.
 //
 // Non-guarantee: the payload's frame type does not survive the trip. A text frame
 // that is not valid JSON travels base64, as a binary frame does, and parses back as
@@ -29,7 +30,10 @@ type Record struct {
 	Conn  string // connection id
 	Seq   int64  // the message's sequence; for a passed-on bad message, the last good one
 	Epoch int64  // sequence epoch: 0 until the upstream's numbering first resets
-	Bad   bool   // passed on although its sequence could not be parsed, or too large to send
+	// Version is the fencing token: the lease_version under which the message was
+	// delivered (docs/SINKS.md, "Fencing"). 0: unknown (a record from before the field).
+	Version int64
+	Bad     bool // passed on although its sequence could not be parsed, or too large to send
 	// Oversize, with Bad, is the size in bytes of a message too large for a Kinesis
 	// record; the record then carries no payload.
 	Oversize int64
@@ -48,6 +52,10 @@ func Append(b []byte, r Record) []byte {
 	b = strconv.AppendInt(b, r.Seq, 10)
 	b = append(b, `,"epoch":`...)
 	b = strconv.AppendInt(b, r.Epoch, 10)
+	if r.Version != 0 {
+		b = append(b, `,"lease_version":`...)
+		b = strconv.AppendInt(b, r.Version, 10)
+	}
 	if r.Bad {
 		b = append(b, `,"bad":true`...)
 	}
@@ -79,6 +87,7 @@ type wire struct {
 	Conn     string          `json:"conn"`
 	Seq      int64           `json:"seq"`
 	Epoch    int64           `json:"epoch"`
+	Version  int64           `json:"lease_version"`
 	Bad      bool            `json:"bad"`
 	Oversize int64           `json:"oversize"`
 	Data     json.RawMessage `json:"data"`
@@ -116,11 +125,13 @@ func ParseBatch(body []byte) ([]Record, error) {
 }
 
 func (w wire) record() (Record, error) {
-	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Bad: w.Bad, Oversize: w.Oversize}
+	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Oversize: w.Oversize}
 	hasData := w.Data != nil
 	switch {
 	case w.Conn == "":
 		return Record{}, fmt.Errorf("%w: no conn", ErrNotRecord)
+	case w.Version < 0:
+		return Record{}, fmt.Errorf("%w: negative lease_version", ErrNotRecord)
 	case w.Oversize < 0:
 		return Record{}, fmt.Errorf("%w: negative oversize", ErrNotRecord)
 	case w.Oversize > 0 && (!w.Bad || hasData || w.DataB64 != nil):

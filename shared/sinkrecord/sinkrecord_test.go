@@ -19,8 +19,11 @@ var golden = []struct {
 	back Record // Parse of the line Append wrote
 }{
 	{"json object",
-		Record{Conn: "ticker-1", Seq: 42, Data: []byte(`{"seq":42,"price":1.5}`)},
-		Record{Conn: "ticker-1", Seq: 42, Data: []byte(`{"seq":42,"price":1.5}`)}},
+		Record{Conn: "ticker-1", Seq: 42, Version: 1764794000123, Data: []byte(`{"seq":42,"price":1.5}`)},
+		Record{Conn: "ticker-1", Seq: 42, Version: 1764794000123, Data: []byte(`{"seq":42,"price":1.5}`)}},
+	{"no lease_version (written before the field existed)",
+		Record{Conn: "ticker-1", Seq: 41, Data: []byte(`{"seq":41}`)},
+		Record{Conn: "ticker-1", Seq: 41, Data: []byte(`{"seq":41}`)}},
 	{"pretty json compacted",
 		Record{Conn: "a", Seq: 7, Epoch: 2, Data: []byte("{\n  \"seq\": 7,\n  \"x\": [1, 2]\n}\n")},
 		Record{Conn: "a", Seq: 7, Epoch: 2, Data: []byte(`{"seq":7,"x":[1,2]}`)}},
@@ -28,8 +31,8 @@ var golden = []struct {
 		Record{Conn: "ticker-1", Seq: 43, Data: []byte{0, 1, 0xff}, Binary: true},
 		Record{Conn: "ticker-1", Seq: 43, Data: []byte{0, 1, 0xff}, Binary: true}},
 	{"bad text that is not json",
-		Record{Conn: "ticker-1", Seq: 43, Bad: true, Data: []byte("not json")},
-		Record{Conn: "ticker-1", Seq: 43, Bad: true, Data: []byte("not json"), Binary: true}},
+		Record{Conn: "ticker-1", Seq: 43, Version: 5, Bad: true, Data: []byte("not json")},
+		Record{Conn: "ticker-1", Seq: 43, Version: 5, Bad: true, Data: []byte("not json"), Binary: true}},
 	{"multi-line text",
 		Record{Conn: "a", Seq: 8, Bad: true, Data: []byte("line one\nline two")},
 		Record{Conn: "a", Seq: 8, Bad: true, Data: []byte("line one\nline two"), Binary: true}},
@@ -43,8 +46,8 @@ var golden = []struct {
 		Record{Conn: "a", Seq: 3},
 		Record{Conn: "a", Seq: 3, Data: []byte{}, Binary: true}},
 	{"oversize stub",
-		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Bad: true, Oversize: 1048600},
-		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Bad: true, Oversize: 1048600}},
+		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Version: 7, Bad: true, Oversize: 1048600},
+		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Version: 7, Bad: true, Oversize: 1048600}},
 }
 
 // The wire format, byte for byte: a change here breaks every consumer.
@@ -97,6 +100,8 @@ func TestParseRefuses(t *testing.T) {
 		"oversize not bad":     `{"conn":"a","seq":1,"oversize":5}`,
 		"oversize and payload": `{"conn":"a","seq":1,"bad":true,"oversize":5,"data":1}`,
 		"negative oversize":    `{"conn":"a","seq":1,"bad":true,"oversize":-5}`,
+		"negative version":     `{"conn":"a","seq":1,"lease_version":-1,"data":1}`,
+		"version not a number": `{"conn":"a","seq":1,"lease_version":"7","data":1}`,
 	} {
 		if r, err := Parse([]byte(line)); !errors.Is(err, ErrNotRecord) {
 			t.Errorf("%s: Parse = %+v, %v; want ErrNotRecord", name, r, err)
@@ -113,11 +118,11 @@ func TestParseIgnoresUnknownFields(t *testing.T) {
 }
 
 func TestParseBatch(t *testing.T) {
-	rs, err := ParseBatch([]byte(`[{"conn":"a","seq":1,"epoch":0,"data":{"ts":5}},{"conn":"b","seq":2,"epoch":1,"bad":true,"data_b64":"AA=="}]`))
+	rs, err := ParseBatch([]byte(`[{"conn":"a","seq":1,"epoch":0,"lease_version":3,"data":{"ts":5}},{"conn":"b","seq":2,"epoch":1,"bad":true,"data_b64":"AA=="}]`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Record{{Conn: "a", Seq: 1, Data: []byte(`{"ts":5}`)}, {Conn: "b", Seq: 2, Epoch: 1, Bad: true, Data: []byte{0}, Binary: true}}
+	want := []Record{{Conn: "a", Seq: 1, Version: 3, Data: []byte(`{"ts":5}`)}, {Conn: "b", Seq: 2, Epoch: 1, Bad: true, Data: []byte{0}, Binary: true}}
 	if !reflect.DeepEqual(rs, want) {
 		t.Errorf("ParseBatch = %+v, want %+v", rs, want)
 	}
@@ -140,6 +145,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"conn":"a","seq":1,"data":null}`))
 	f.Add([]byte(`{"conn":"a","seq":-1,"epoch":9223372036854775807,"data": [1, 2] }`))
 	f.Add([]byte(`{"conn":"\ud800","seq":1,"data_b64":""}`))
+	f.Add([]byte(`{"conn":"a","seq":1,"lease_version":0,"data":1}`))
+	f.Add([]byte(`{"conn":"a","seq":1,"lease_version":9223372036854775807,"bad":true,"oversize":1}`))
 	f.Fuzz(func(t *testing.T, line []byte) {
 		r, err := Parse(line)
 		if err != nil {
@@ -158,7 +165,7 @@ func FuzzParse(f *testing.F) {
 		}
 		// Only the conn (invalid UTF-8 becomes U+FFFD) and JSON data (compacted) may
 		// change, once: encoding what was parsed again is a fixed point.
-		if back.Seq != r.Seq || back.Epoch != r.Epoch || back.Bad != r.Bad || back.Oversize != r.Oversize || back.Binary != r.Binary {
+		if back.Seq != r.Seq || back.Epoch != r.Epoch || back.Version != r.Version || back.Bad != r.Bad || back.Oversize != r.Oversize || back.Binary != r.Binary {
 			t.Fatalf("%q parsed to %+v, encoded as %q, parsed back to %+v", line, r, enc, back)
 		}
 		if r.Binary && !bytes.Equal(back.Data, r.Data) {

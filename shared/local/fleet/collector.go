@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -23,8 +24,9 @@ type Collector struct {
 	ln  net.Listener
 	srv *http.Server
 
-	mu   sync.Mutex
-	rows map[string][]Arrival
+	mu         sync.Mutex
+	rows       map[string][]Arrival
+	badHeaders []string // batches whose lease headers disagree with their records
 }
 
 // Arrival is one delivered message.
@@ -33,6 +35,8 @@ type Arrival struct {
 	Seq    int64
 	At     time.Time
 	TS     int64 // the demo upstream's production time of the message (data.ts, unix ms); 0 if none
+	// Version is the record's fencing token (lease_version).
+	Version int64
 }
 
 // NewCollector listens on a free local port.
@@ -66,6 +70,9 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.mu.Lock()
+	if why := headerMismatch(r.Header, batch); why != "" {
+		c.badHeaders = append(c.badHeaders, worker+": "+why)
+	}
 	now := time.Now()
 	for _, m := range batch {
 		if !m.Bad {
@@ -73,11 +80,50 @@ func (c *Collector) serve(w http.ResponseWriter, r *http.Request) {
 			if !m.Binary {
 				ts, _ = demoupstream.ProducedAt(m.Data)
 			}
-			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now, TS: ts})
+			c.rows[m.Conn] = append(c.rows[m.Conn], Arrival{Worker: worker, Seq: m.Seq, At: now, TS: ts, Version: m.Version})
 		}
 	}
 	c.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// headerMismatch says how the HTTP sink's headers (a batch's connection and lease
+// version) disagree with the records of the batch, or "".
+func headerMismatch(h http.Header, batch []sinkrecord.Record) string {
+	conn, ver := h.Get("Sockfleet-Conn"), h.Get("Sockfleet-Lease-Version")
+	if len(batch) == 0 {
+		return ""
+	}
+	for _, m := range batch {
+		if m.Conn != conn || strconv.FormatInt(m.Version, 10) != ver || m.Version == 0 {
+			return fmt.Sprintf("headers %q at %q, a record of %q at %d", conn, ver, m.Conn, m.Version)
+		}
+	}
+	return ""
+}
+
+// BadHeaders lists the batches whose headers disagreed with their records.
+func (c *Collector) BadHeaders() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.badHeaders)
+}
+
+// Fenced applies the consumer rule's fencing step (docs/SINKS.md, "Fencing") to
+// arrivals: an arrival whose lease_version is below one that arrived before it is
+// stale, a displaced owner's late write. It returns the other arrivals and the stale
+// ones.
+func Fenced(arr []Arrival) (kept, stale []Arrival) {
+	var highest int64
+	for _, a := range arr {
+		if a.Version < highest {
+			stale = append(stale, a)
+			continue
+		}
+		highest = a.Version
+		kept = append(kept, a)
+	}
+	return kept, stale
 }
 
 // Arrivals returns what arrived for connection id, in arrival order.

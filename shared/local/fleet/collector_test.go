@@ -1,8 +1,11 @@
 package fleet
 
 import (
+	"net/http"
 	"testing"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 func arrivals(spec ...any) []Arrival {
@@ -59,5 +62,38 @@ func TestLandedAfterPause(t *testing.T) {
 	}
 	if len(arr) != 4 {
 		t.Fatal("the input was changed")
+	}
+}
+
+// The fencing step drops what arrives under a lower lease version than one before it.
+func TestCollectorFenced(t *testing.T) {
+	arr := []Arrival{
+		{Worker: "a", Seq: 1, Version: 5}, {Worker: "a", Seq: 2, Version: 5},
+		{Worker: "b", Seq: 2, Version: 9}, // b resumed after a's checkpoint 1
+		{Worker: "a", Seq: 3, Version: 5}, // a's write in flight at its pause, landed late
+		{Worker: "b", Seq: 3, Version: 9},
+	}
+	kept, stale := Fenced(arr)
+	if len(stale) != 1 || stale[0].Worker != "a" || stale[0].Seq != 3 || len(kept) != 4 || kept[3].Worker != "b" {
+		t.Fatalf("kept %+v, stale %+v", kept, stale)
+	}
+}
+
+// The collector notes a batch whose headers disagree with its records.
+func TestCollectorHeaderMismatch(t *testing.T) {
+	recs := []sinkrecord.Record{{Conn: "c", Version: 7}, {Conn: "c", Version: 7}}
+	h := http.Header{}
+	h.Set("Sockfleet-Conn", "c")
+	h.Set("Sockfleet-Lease-Version", "7")
+	if why := headerMismatch(h, recs); why != "" {
+		t.Fatalf("matching headers: %s", why)
+	}
+	for name, hv := range map[string][2]string{"version": {"c", "6"}, "conn": {"d", "7"}, "none": {"", ""}} {
+		h := http.Header{}
+		h.Set("Sockfleet-Conn", hv[0])
+		h.Set("Sockfleet-Lease-Version", hv[1])
+		if headerMismatch(h, recs) == "" {
+			t.Errorf("%s: a mismatch went unnoticed", name)
+		}
 	}
 }

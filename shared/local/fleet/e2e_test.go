@@ -114,12 +114,34 @@ func TestFleetEndToEnd(t *testing.T) {
 	time.Sleep(2 * testRenew) // let sinks catch up with what the upstream sent
 	// At the sink, who delivered what and when: no gap, and never two workers
 	// delivering at once (the socket overlap above is counted apart).
-	dups := 0
+	dups, staleN := 0, 0
+	if bad := col.BadHeaders(); len(bad) > 0 {
+		t.Errorf("%d HTTP sink batches whose lease headers disagree with their records, first %s", len(bad), bad[0])
+	}
 	for _, id := range ids {
 		arr := col.Arrivals(id)
 		if len(arr) == 0 {
 			t.Errorf("%s: nothing delivered", id)
 			continue
+		}
+		// Fencing reaches the consumer: only the paused worker's late writes arrive
+		// under a lower lease version than one already seen, and each of its writes in
+		// flight at the pause that landed after another worker's delivery is one.
+		_, stale := fleet.Fenced(arr)
+		staleN += len(stale)
+		isStale := map[int64]bool{}
+		for _, a := range stale {
+			if a.Worker != paused {
+				t.Errorf("%s: %s delivered seq %d under version %d, below one delivered before it", id, a.Worker, a.Seq, a.Version)
+			}
+			isStale[a.Seq] = true
+		}
+		other := false // another worker delivered since the pause
+		for _, a := range arr {
+			other = other || (a.Worker != paused && a.At.After(pausedAt))
+			if other && a.Worker == paused && a.At.After(pausedAt) && a.TS != 0 && a.TS < pausedAt.UnixMilli() && !isStale[a.Seq] {
+				t.Errorf("%s: seq %d, read by %s before its SIGSTOP, landed after another owner's records at version %d without being stale", id, a.Seq, paused, a.Version)
+			}
 		}
 		// A sink write in flight when SIGSTOP hit lands when the worker resumes, after
 		// the next owner began (docs/MEMBERSHIP.md, "Non-guarantees"): messages read
@@ -140,7 +162,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			seen[a.Seq] = true
 		}
 	}
-	t.Logf("delivered to sinks with %d duplicates over %d connections", dups, len(ids))
+	t.Logf("delivered to sinks with %d duplicates over %d connections; %d stale records a consumer following the fencing rule drops", dups, len(ids), staleN)
 	if s := strings.TrimSpace(fmt.Sprint(f.stack.InvokeCount("task-stopped"))); s == "0" {
 		t.Error("no task-stopped event reached the reconciler")
 	}

@@ -243,9 +243,10 @@ func (a *App) emitGauges(ctx context.Context) {
 	}
 }
 
-// streamConn is what a stream needs of lease l; valid guards its sink writes.
+// streamConn is what a stream needs of lease l; valid guards its sink writes, and
+// l.Version is the fencing token of every message it delivers.
 func streamConn(l lease.Lease, valid func() bool) wstream.Conn {
-	return wstream.Conn{ID: l.ID, URL: l.WSURL, LastSeq: l.LastSeq, Epoch: l.Epoch, Spec: l.Spec, Valid: valid}
+	return wstream.Conn{ID: l.ID, URL: l.WSURL, LastSeq: l.LastSeq, Epoch: l.Epoch, Version: l.Version, Spec: l.Spec, Valid: valid}
 }
 
 // newIncarnation returns a random id for this process start.

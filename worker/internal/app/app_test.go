@@ -48,16 +48,21 @@ const (
 type memSink struct {
 	mu   sync.Mutex
 	seqs map[string][]int64
+	vers map[string]map[int64]int // per connection, messages per lease version
 }
 
 func (s *memSink) Write(_ context.Context, b []sink.Message) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.seqs == nil {
-		s.seqs = map[string][]int64{}
+		s.seqs, s.vers = map[string][]int64{}, map[string]map[int64]int{}
 	}
 	for _, m := range b {
 		s.seqs[m.Conn] = append(s.seqs[m.Conn], m.Seq)
+		if s.vers[m.Conn] == nil {
+			s.vers[m.Conn] = map[int64]int{}
+		}
+		s.vers[m.Conn][m.Version]++
 	}
 	return nil
 }
@@ -71,6 +76,17 @@ func (s *memSink) get(id string) []int64 {
 }
 
 func (s *memSink) count(id string) int { return len(s.get(id)) }
+
+// versions is how many of id's messages carried each lease version.
+func (s *memSink) versions(id string) map[int64]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int64]int{}
+	for v, n := range s.vers[id] {
+		out[v] = n
+	}
+	return out
+}
 
 func (s *memSink) last(id string) int64 {
 	q := s.get(id)
@@ -429,8 +445,14 @@ func TestTakeoverResumesWithoutGap(t *testing.T) {
 	e.putConn("c1", schema.Started)
 	w1 := e.worker("w1", opts{})
 	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	var v1 int64 // w1's lease version, read with the checkpoint (no extra read before the cut)
 	waitFor(t, 5*time.Second, "w1 streaming across renews", func() bool {
-		return w1.sink.count("c1") >= rate && e.get("c1").LastSeq > 0
+		if w1.sink.count("c1") < rate {
+			return false
+		}
+		c := e.get("c1")
+		v1 = c.LeaseVersion
+		return c.LastSeq > 0
 	})
 	// w1 dies without releasing: its table access is cut, then it stops.
 	w1.cut.mode.Store(fail)
@@ -446,6 +468,12 @@ func TestTakeoverResumesWithoutGap(t *testing.T) {
 		t.Fatalf("w2 wake: %+v", r)
 	}
 	waitFor(t, 5*time.Second, "w2 streaming", func() bool { return w2.sink.count("c1") >= 50 })
+	// The fencing token: every record of w1 carries w1's lease version, every one of
+	// w2 the higher version of its acquire.
+	v2 := e.get("c1").LeaseVersion
+	if n1, n2 := w1.sink.versions("c1"), w2.sink.versions("c1"); v2 <= v1 || len(n1) != 1 || n1[v1] == 0 || len(n2) != 1 || n2[v2] == 0 {
+		t.Fatalf("lease versions delivered: w1 %v (held %d), w2 %v (holds %d): want each owner's own, the new one higher", n1, v1, n2, v2)
+	}
 	s1, s2 := w1.sink.get("c1"), w2.sink.get("c1")
 	contiguous(t, "w1", s1)
 	contiguous(t, "w2", s2)

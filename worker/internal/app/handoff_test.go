@@ -30,9 +30,10 @@ type ledger struct {
 }
 
 type delivery struct {
-	worker string
-	seq    int64
-	at     time.Time
+	worker  string
+	seq     int64
+	version int64 // the fencing token the message carried
+	at      time.Time
 }
 
 type ledgerSink struct {
@@ -50,7 +51,7 @@ func (s ledgerSink) Write(_ context.Context, b []sink.Message) error {
 	}
 	now := time.Now()
 	for _, m := range b {
-		s.l.rows[m.Conn] = append(s.l.rows[m.Conn], delivery{worker: s.worker, seq: m.Seq, at: now})
+		s.l.rows[m.Conn] = append(s.l.rows[m.Conn], delivery{worker: s.worker, seq: m.Seq, version: m.Version, at: now})
 	}
 	return nil
 }
@@ -140,6 +141,13 @@ func TestHandoffMovesWithoutGap(t *testing.T) {
 	if c.LeaseOwner != "w2" || c.LeaseVersion <= before.LeaseVersion || c.MovedAtMs == 0 {
 		t.Fatalf("item after the handoff: %+v (before %+v)", c, before)
 	}
+	// The fencing token: w1 delivered under the version it held, w2 (its standby's
+	// held messages included) under the version of the transfer, and never lower.
+	for _, d := range l.get("c1") {
+		if want := map[string]int64{"w1": before.LeaseVersion, "w2": c.LeaseVersion}[d.worker]; d.version != want {
+			t.Fatalf("%s delivered seq %d under version %d, want %d", d.worker, d.seq, d.version, want)
+		}
+	}
 	if st := e.up.Stats("c1"); st.Clients != 1 || st.MaxClients > 2 {
 		t.Fatalf("upstream clients now %d, at most %d: want 1 now and at most 2 during the overlap", st.Clients, st.MaxClients)
 	}
@@ -160,6 +168,15 @@ func TestHandoffMovesWithoutGap(t *testing.T) {
 	owners, _ = l.check(t, "c1")
 	if len(owners) != 3 {
 		t.Fatalf("deliverers %v, want w1, w2, w1", owners)
+	}
+	rows, v3 := l.get("c1"), e.get("c1").LeaseVersion
+	if last := rows[len(rows)-1]; last.worker != "w1" || last.version != v3 || v3 <= c.LeaseVersion {
+		t.Fatalf("w1 again delivers under version %d; the table says %d (w2 held %d): want the newest", last.version, v3, c.LeaseVersion)
+	}
+	for i := 1; i < len(rows); i++ {
+		if rows[i].version < rows[i-1].version {
+			t.Fatalf("seq %d delivered under version %d after seq %d under %d", rows[i].seq, rows[i].version, rows[i-1].seq, rows[i-1].version)
+		}
 	}
 }
 

@@ -199,7 +199,7 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 	}
 	usable := !m.draining && o.ctx.Err() == nil && m.rg.valid(nil) && m.ho.ended[sb.id] < version
 	if usable {
-		usable = sb.gate.Open(cut) == nil
+		usable = sb.gate.Open(cut, version) == nil
 	}
 	if !usable {
 		m.mu.Unlock()

@@ -26,6 +26,12 @@ type Position struct{ Seq, Epoch int64 }
 // held for the next write, and Held says the position really delivered until then,
 // so the owner never checkpoints a held message as delivered.
 //
+// Fencing: the standby's stream does not know the lease version it will deliver
+// under (the old owner's transfer makes it), so its messages come without one. Open
+// is given the committed version, and every message the gate delivers carries it:
+// the held ones and all that pass after. Nothing leaves the gate before Open, so no
+// message reaches the sink without the version it is delivered under.
+//
 // The stream writes from one goroutine; Open, Close and Held may be called from
 // others.
 type Gate struct {
@@ -42,6 +48,7 @@ type Gate struct {
 	buf   []sink.Message
 	bytes int
 	cut   Position
+	ver   int64 // the committed lease version, stamped on every message delivered
 	skip  bool
 	held  atomic.Pointer[Position] // set while the delivered position is below the stream's
 }
@@ -78,6 +85,7 @@ func (g *Gate) Write(ctx context.Context, batch []sink.Message) error {
 		return nil
 	}
 	out := g.filter(batch)
+	g.stamp(out)
 	if len(g.buf) > 0 {
 		out = append(g.buf[:len(g.buf):len(g.buf)], out...)
 	}
@@ -96,10 +104,11 @@ func (g *Gate) Write(ctx context.Context, batch []sink.Message) error {
 func (g *Gate) Close() error { return nil }
 
 // Open ends the holding, without I/O: everything held at or below cut is dropped
-// (the old owner delivered it), and from now on batches pass. Held reports cut until
-// the rest is delivered (Flush, or the next write). It fails if the gate closed
+// (the old owner delivered it), and from now on batches pass, every message carrying
+// version (the lease version of the commit) as its fencing token. Held reports cut
+// until the rest is delivered (Flush, or the next write). It fails if the gate closed
 // before (overflow, Abandon).
-func (g *Gate) Open(cut Position) error {
+func (g *Gate) Open(cut Position, version int64) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	switch g.state {
@@ -108,8 +117,9 @@ func (g *Gate) Open(cut Position) error {
 	case open:
 		return nil
 	}
-	g.state, g.cut, g.skip = open, cut, true
+	g.state, g.cut, g.ver, g.skip = open, cut, version, true
 	g.buf = g.filter(g.buf)
+	g.stamp(g.buf)
 	g.held.Store(&cut)
 	g.settle()
 	return nil
@@ -183,6 +193,13 @@ func (g *Gate) filter(batch []sink.Message) []sink.Message {
 		}
 	}
 	return out
+}
+
+// stamp gives every message of batch the committed version. Call with g.mu held.
+func (g *Gate) stamp(batch []sink.Message) {
+	for i := range batch {
+		batch[i].Version = g.ver
+	}
 }
 
 // settle clears Held once nothing is held and nothing skipped. Call with g.mu held.

@@ -13,6 +13,7 @@ import (
 type recSink struct {
 	mu   sync.Mutex
 	seqs []int64
+	vers []int64 // the lease version each delivered message carried
 	fail bool
 }
 
@@ -24,6 +25,7 @@ func (s *recSink) Write(_ context.Context, b []sink.Message) error {
 	}
 	for _, m := range b {
 		s.seqs = append(s.seqs, m.Seq)
+		s.vers = append(s.vers, m.Version)
 	}
 	return nil
 }
@@ -85,7 +87,7 @@ func TestGateHoldsThenDeliversAfterTheCut(t *testing.T) {
 			if len(s.seqs) != 0 {
 				t.Fatalf("delivered %v before Open", s.seqs)
 			}
-			if err := g.Open(Position{Seq: tc.cut}); err != nil {
+			if err := g.Open(Position{Seq: tc.cut}, 77); err != nil {
 				t.Fatal(err)
 			}
 			if p, ok := g.Held(); !ok || p.Seq != tc.cut {
@@ -99,6 +101,11 @@ func TestGateHoldsThenDeliversAfterTheCut(t *testing.T) {
 			}
 			if !equal(s.seqs, tc.delivered) {
 				t.Fatalf("delivered %v, want %v", s.seqs, tc.delivered)
+			}
+			for i, v := range s.vers {
+				if v != 77 {
+					t.Fatalf("seq %d delivered under version %d, want the commit's 77", s.seqs[i], v)
+				}
 			}
 			if _, ok := g.Held(); ok {
 				t.Fatal("still Held after delivering past the cut")
@@ -127,7 +134,7 @@ func TestGateOverflow(t *testing.T) {
 			if err := g.Write(ctx, msgs(7, 7)); !errors.Is(err, ErrOverflow) {
 				t.Fatalf("write after overflow: %v", err)
 			}
-			if err := g.Open(Position{Seq: 2}); !errors.Is(err, ErrOverflow) {
+			if err := g.Open(Position{Seq: 2}, 77); !errors.Is(err, ErrOverflow) {
 				t.Fatalf("open after overflow: %v", err)
 			}
 			if len(said) != 1 || len(s.seqs) != 0 || g.Len() != 0 {
@@ -145,7 +152,7 @@ func TestGateFailedFlushIsRetried(t *testing.T) {
 	valid := true
 	g := &Gate{Sink: s, MaxMessages: 100, MaxBytes: 1000, Valid: func() bool { return valid }}
 	_ = g.Write(ctx, msgs(1, 10))
-	_ = g.Open(Position{Seq: 5})
+	_ = g.Open(Position{Seq: 5}, 77)
 	if err := g.Flush(ctx); err == nil {
 		t.Fatal("flush into a failing sink succeeded")
 	}

@@ -148,7 +148,7 @@ func (k *Kinesis) Write(ctx context.Context, batch []Message) error {
 
 // oversize is the stub record that stands for a message too large to send.
 func oversize(m Message, size int) sinkrecord.Record {
-	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Bad: true, Oversize: int64(size)}
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: true, Oversize: int64(size)}
 }
 
 // put sends entries until all are accepted, retrying only the failed ones.

@@ -46,7 +46,7 @@ func decode(t *testing.T, r kinesistest.Record) sinkrecord.Record {
 func msgs(conn string, from, n int) []Message {
 	var b []Message
 	for i := from; i < from+n; i++ {
-		b = append(b, Message{Conn: conn, Seq: int64(i), Data: fmt.Appendf(nil, `{"seq":%d}`, i)})
+		b = append(b, Message{Conn: conn, Seq: int64(i), Version: 1000 + int64(len(conn)), Data: fmt.Appendf(nil, `{"seq":%d}`, i)})
 	}
 	return b
 }
@@ -81,6 +81,9 @@ func TestKinesisOrderPerConnection(t *testing.T) {
 			t.Fatalf("%s: seq %d after %d", v.Conn, v.Seq, last[v.Conn])
 		}
 		last[v.Conn] = v.Seq
+		if v.Version != 1000+int64(len(v.Conn)) {
+			t.Fatalf("%s seq %d: lease_version %d, want the message's fencing token", v.Conn, v.Seq, v.Version)
+		}
 		if s, ok := shard[v.Conn]; ok && s != r.Shard {
 			t.Fatalf("%s in shards %s and %s", v.Conn, s, r.Shard)
 		}
@@ -275,8 +278,8 @@ func TestKinesisBadStreamNames(t *testing.T) {
 
 // The oversize stub is part of the record format (docs/SINKS.md).
 func TestOversizeStubGolden(t *testing.T) {
-	got := string(sinkrecord.Append(nil, oversize(Message{Conn: "a\"b", Seq: 9, Epoch: 1}, 1048600)))
-	if want := `{"conn":"a\"b","seq":9,"epoch":1,"bad":true,"oversize":1048600}` + "\n"; got != want {
+	got := string(sinkrecord.Append(nil, oversize(Message{Conn: "a\"b", Seq: 9, Epoch: 1, Version: 7}, 1048600)))
+	if want := `{"conn":"a\"b","seq":9,"epoch":1,"lease_version":7,"bad":true,"oversize":1048600}` + "\n"; got != want {
 		t.Fatalf("got %s want %s", got, want)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -25,12 +26,14 @@ import (
 
 // Message is one upstream frame on its way to the sink.
 type Message struct {
-	Conn   string // connection id
-	Seq    int64  // sequence number (parsed or counted); for a passed-on bad message, the last good one
-	Epoch  int64  // sequence epoch: 0 until the upstream's numbering first resets
-	Data   []byte
-	Binary bool // a binary frame
-	Bad    bool // passed on although its sequence could not be parsed
+	Conn  string // connection id
+	Seq   int64  // sequence number (parsed or counted); for a passed-on bad message, the last good one
+	Epoch int64  // sequence epoch: 0 until the upstream's numbering first resets
+	// Version is the fencing token: the lease_version the message is delivered under.
+	Version int64
+	Data    []byte
+	Binary  bool // a binary frame
+	Bad     bool // passed on although its sequence could not be parsed
 }
 
 // Sink is where messages go. Implementations are safe for concurrent use.
@@ -62,7 +65,7 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 
 // Record is m as a sink record (docs/SINKS.md; package sinkrecord encodes it).
 func (m Message) Record() sinkrecord.Record {
-	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Bad: m.Bad, Data: m.Data, Binary: m.Binary}
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Data: m.Data, Binary: m.Binary}
 }
 
 // Writer writes JSON lines to an io.Writer, one write per batch. A write that
@@ -149,6 +152,10 @@ func (s *Writer) Close() error {
 
 // HTTP posts each batch as a JSON array (one element per message, in the line
 // format; sinkrecord.ParseBatch reads it) and treats any 2xx answer as the acknowledgement.
+// Every element carries its lease_version; when the whole batch is one connection's
+// under one version (always so for a worker's batches: a stream writes its own), the
+// request says it too, in the ConnHeader and VersionHeader headers, so a receiver can
+// fence a batch before reading its body.
 type HTTP struct {
 	URL    string
 	Client *http.Client // default: 10 s timeout
@@ -173,6 +180,10 @@ func (h *HTTP) Write(ctx context.Context, batch []Message) error {
 		return fmt.Errorf("sink post: %w", err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	if conn, v, ok := oneLease(batch); ok {
+		req.Header.Set(ConnHeader, conn)
+		req.Header.Set(VersionHeader, strconv.FormatInt(v, 10))
+	}
 	c := h.Client
 	if c == nil {
 		c = &http.Client{Timeout: 10 * time.Second}
@@ -191,3 +202,20 @@ func (h *HTTP) Write(ctx context.Context, batch []Message) error {
 
 // Close does nothing: every Write is complete when it returns.
 func (h *HTTP) Close() error { return nil }
+
+// The HTTP sink's headers for a batch of one connection under one lease version.
+const (
+	ConnHeader    = "Sockfleet-Conn"
+	VersionHeader = "Sockfleet-Lease-Version"
+)
+
+// oneLease reports the connection and version every message of batch shares.
+func oneLease(batch []Message) (conn string, version int64, ok bool) {
+	conn, version = batch[0].Conn, batch[0].Version
+	for _, m := range batch[1:] {
+		if m.Conn != conn || m.Version != version {
+			return "", 0, false
+		}
+	}
+	return conn, version, version != 0
+}

@@ -15,9 +15,9 @@ import (
 )
 
 var batch = []Message{
-	{Conn: "a", Seq: 1, Data: []byte(`{"seq":1,"x":"y"}`)},
-	{Conn: "a", Seq: 2, Data: []byte("\x00\x01"), Binary: true},
-	{Conn: "a", Seq: 2, Data: []byte("not json"), Bad: true},
+	{Conn: "a", Seq: 1, Version: 1764794000123, Data: []byte(`{"seq":1,"x":"y"}`)},
+	{Conn: "a", Seq: 2, Version: 1764794000123, Data: []byte("\x00\x01"), Binary: true},
+	{Conn: "a", Seq: 2, Version: 1764794000123, Data: []byte("not json"), Bad: true},
 }
 
 func check(t *testing.T, got []sinkrecord.Record) {
@@ -26,6 +26,11 @@ func check(t *testing.T, got []sinkrecord.Record) {
 		!bytes.Equal(got[1].Data, []byte("\x00\x01")) || !got[1].Binary ||
 		!got[2].Bad || string(got[2].Data) != "not json" {
 		t.Fatalf("lines %+v", got)
+	}
+	for _, r := range got {
+		if r.Version != 1764794000123 {
+			t.Fatalf("record %+v: lease_version %d, want the batch's fencing token", r, r.Version)
+		}
 	}
 }
 
@@ -61,8 +66,10 @@ func TestFileSink(t *testing.T) {
 
 func TestHTTPSink(t *testing.T) {
 	var got []sinkrecord.Record
+	var hdr http.Header
 	status := http.StatusOK
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hdr = r.Header.Clone()
 		b, _ := io.ReadAll(r.Body)
 		var err error
 		if got, err = sinkrecord.ParseBatch(b); err != nil {
@@ -79,6 +86,17 @@ func TestHTTPSink(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(t, got)
+	if c, v := hdr.Get(ConnHeader), hdr.Get(VersionHeader); c != "a" || v != "1764794000123" {
+		t.Fatalf("headers %s=%q %s=%q, want the batch's connection and lease version", ConnHeader, c, VersionHeader, v)
+	}
+	// A batch of two connections (or versions) says it in each record only.
+	mixed := []Message{batch[0], {Conn: "b", Seq: 1, Version: 3, Data: []byte("1")}}
+	if err := s.Write(context.Background(), mixed); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := hdr[VersionHeader]; ok || len(got) != 2 || got[1].Version != 3 {
+		t.Fatalf("mixed batch: header %v, records %+v", hdr[VersionHeader], got)
+	}
 	status = http.StatusInternalServerError
 	if err := s.Write(context.Background(), batch); err == nil {
 		t.Fatal("a 500 was taken as an acknowledgement")

@@ -21,12 +21,12 @@ func TestRecordFormatGolden(t *testing.T) {
 		m    Message
 		want string
 	}{
-		{Message{Conn: "a", Seq: 7, Epoch: 2, Data: []byte("{\n  \"seq\": 7,\n  \"x\": [1, 2]\n}\n")},
-			`{"conn":"a","seq":7,"epoch":2,"data":{"seq":7,"x":[1,2]}}` + "\n"},
+		{Message{Conn: "a", Seq: 7, Epoch: 2, Version: 1764794000123, Data: []byte("{\n  \"seq\": 7,\n  \"x\": [1, 2]\n}\n")},
+			`{"conn":"a","seq":7,"epoch":2,"lease_version":1764794000123,"data":{"seq":7,"x":[1,2]}}` + "\n"},
 		{Message{Conn: "a", Seq: 8, Data: []byte{0, 1, 0xff}, Binary: true},
 			`{"conn":"a","seq":8,"epoch":0,"data_b64":"AAH/"}` + "\n"},
-		{Message{Conn: "a", Seq: 8, Data: []byte("line one\nline two"), Bad: true},
-			`{"conn":"a","seq":8,"epoch":0,"bad":true,"data_b64":"bGluZSBvbmUKbGluZSB0d28="}` + "\n"},
+		{Message{Conn: "a", Seq: 8, Version: 5, Data: []byte("line one\nline two"), Bad: true},
+			`{"conn":"a","seq":8,"epoch":0,"lease_version":5,"bad":true,"data_b64":"bGluZSBvbmUKbGluZSB0d28="}` + "\n"},
 		{Message{Conn: "c\x00\u2028", Seq: 1, Data: []byte(`"s"`)},
 			`{"conn":"c\u0000\u2028","seq":1,"epoch":0,"data":"s"}` + "\n"},
 	} {

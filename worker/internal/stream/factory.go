@@ -13,6 +13,10 @@ type Conn struct {
 	URL     string
 	LastSeq int64 // the stream resumes after it
 	Epoch   int64 // the sequence epoch of LastSeq
+	// Version is the lease_version the stream delivers under: every message carries
+	// it as its fencing token. 0 for a standby, whose gate stamps the version of the
+	// commit (peer.Gate.Open).
+	Version int64
 	Spec    schema.Spec
 	// Valid (may be nil) is asked before every sink write whether the lease still
 	// holds (see GuardWith).
@@ -38,6 +42,7 @@ func (f *Factory) New(c Conn) *Stream {
 		_ = s.UseSpec(withFleetIdle(schema.Spec{}, f.IdleTimeout), c.Epoch)
 	}
 	s.GuardWith(c.Valid)
+	s.version = c.Version
 	return s
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -77,5 +78,24 @@ func TestFactoryWithSink(t *testing.T) {
 	}
 	if s := g.New(Conn{ID: "c1", URL: "ws://h/x"}); s.cfg.Sink != other {
 		t.Error("the stream does not write to the new sink")
+	}
+}
+
+// Every message a factory's stream delivers carries the lease version it was made
+// for: the fencing token a consumer discards a displaced owner's late writes by.
+func TestMessagesCarryTheLeaseVersion(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 500, Size: 8})
+	snk := &memSink{}
+	f := &Factory{Config: testConfig(t, snk, "seq")}
+	s := f.New(Conn{ID: "c1", URL: up.URL("c1"), LastSeq: 10, Version: 1764794000123})
+	stop := run(s)
+	waitFor(t, 5*time.Second, "20 messages", func() bool { return len(snk.seqs()) >= 20 })
+	stop(ErrGraceful)
+	snk.mu.Lock()
+	defer snk.mu.Unlock()
+	for _, m := range snk.msgs {
+		if m.Version != 1764794000123 {
+			t.Fatalf("seq %d delivered under version %d, want the lease's 1764794000123", m.Seq, m.Version)
+		}
 	}
 }

@@ -26,7 +26,7 @@ type tracker struct {
 // ends the session (a reset under the halt policy).
 func (t *tracker) next(f frame) (sink.Message, bool, error) {
 	s, set := t.s, t.s.set
-	m := sink.Message{Conn: s.id, Data: f.data, Binary: f.binary, Epoch: t.st.epoch}
+	m := sink.Message{Conn: s.id, Data: f.data, Binary: f.binary, Epoch: t.st.epoch, Version: s.version}
 	if f.over {
 		s.cfg.Metrics.OverLimit.Add(1)
 	}

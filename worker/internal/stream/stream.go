@@ -83,6 +83,9 @@ type Stream struct {
 	status atomic.Pointer[Status]
 	redial chan struct{} // the URL changed: drop the socket and dial the new one now
 	valid  func() bool   // nil, or false once the lease is past its fence deadline
+	// version is the lease_version every message carries (its fencing token); an
+	// owner's lease keeps one version for the stream's life (a new one means a new stream).
+	version int64
 
 	queue    chan sink.Message     // the session's queue; used by Run's goroutine only
 	queued   int64                 // this stream's share of Metrics.SinkQueued (Run's goroutine only)
