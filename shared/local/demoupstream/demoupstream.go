@@ -57,6 +57,9 @@ type Config struct {
 	// with frames numbered in "n" (see LiveMessage). Needs Rate > 0 to mean anything;
 	// with an unbounded or zero rate a socket starts at 1.
 	LiveHead bool
+	// HandshakeDelay: the server answers a handshake only after this long, as a far
+	// upstream's dial takes (TLS, the handshake's round trips).
+	HandshakeDelay time.Duration
 }
 
 // EventKind names what happened in an Event.
@@ -90,6 +93,9 @@ type Stats struct {
 	Connects   int   `json:"connects"`
 	Refused    int   `json:"refused"`
 	Head       int64 `json:"head"` // last sequence produced so far (-1: unbounded rate)
+	// Sockets: handshakes accepted and not yet ended, connected or not (0: every
+	// socket's disconnect is in the events).
+	Sockets int `json:"sockets"`
 }
 
 // Server is the demo upstream. Create it with New; serve it with Listen or use it as
@@ -124,6 +130,7 @@ type stream struct {
 	oversize int // payload size of the next message, when over 0 (a frame over a client's read limit)
 	gen      int // +1 on every ResetNumbering: clients restart at seq 1
 	reset    bool
+	sockets  int // handshakes accepted and not yet ended
 }
 
 type client struct {
@@ -344,9 +351,18 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.wg.Add(1) // under mu, so Close cannot miss it
+	st.sockets++
 	s.mu.Unlock()
 	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		st.sockets--
+		s.mu.Unlock()
+	}()
 
+	if d := s.cfg.HandshakeDelay; d > 0 {
+		time.Sleep(d) // a far upstream's dial: the head moves on meanwhile
+	}
 	conn, err := s.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -669,7 +685,7 @@ func (s *Server) stats(st *stream) Stats {
 	if h == math.MaxInt64 {
 		h = -1
 	}
-	return Stats{Clients: len(st.clients), MaxClients: st.max, Connects: st.connects, Refused: st.refused, Head: h}
+	return Stats{Clients: len(st.clients), MaxClients: st.max, Connects: st.connects, Refused: st.refused, Head: h, Sockets: st.sockets}
 }
 
 // AllStats returns every stream's counters.

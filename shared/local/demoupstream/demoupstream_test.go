@@ -296,3 +296,15 @@ func TestLiveHead(t *testing.T) {
 		t.Fatalf("Number of a seq frame = %d, want none", n)
 	}
 }
+
+func TestCount(t *testing.T) {
+	spans := []Span{{First: 10, Last: 14}, {First: 13, Last: 15}, {First: 20, Last: 21}}
+	got := Count(spans, []int64{10, 11, 13, 14, 13, 15, 20, 21, 21})
+	if got.Sent != 8 || got.Delivered != 9 || got.Duplicates != 2 || got.Unsent != 4 ||
+		len(got.Missing) != 1 || got.Missing[0] != 12 {
+		t.Fatalf("tally %+v: want 8 sent, 9 delivered, 2 duplicates, 4 unsent (16-19), 12 missing", got)
+	}
+	if z := Count(nil, nil); z.Sent != 0 || z.Unsent != 0 || len(z.Missing) != 0 {
+		t.Fatalf("empty tally %+v", z)
+	}
+}
