@@ -271,7 +271,7 @@ func handoffConfig(cfg config.Config, streams *wstream.Factory, snk sink.Sink, s
 				Timeout: streams.Config.SinkTimeout, Valid: valid, OnOverflow: overflow}
 			return streams.WithSink(g).New(streamConn(l, valid)), g
 		},
-		Resumable: func(l lease.Lease) error { return streams.Config.MakeBeforeBreak(l.Spec) },
+		Resumable:      func(l lease.Lease) error { return streams.Config.MakeBeforeBreak(l.Spec) },
 		PrepareTimeout: cfg.HandoffPrepareTimeout,
 		StandbyTimeout: cfg.HandoffStandbyTimeout,
 	}
