@@ -13,8 +13,9 @@
 // its close reply (within CloseWait), and the next socket resumes after the count.
 //
 // Non-guarantee: in counter mode, what an upstream that ignores the resume point
-// produced while no socket was open (about one dial) is never received; the status
-// says the position is a count. Duplicates are preferred to that loss elsewhere.
+// produced while no socket was open (about one dial) is never received, and what one
+// that replays from before the count sends again is delivered again under new
+// numbers; the status says the position is a count.
 //
 // Non-guarantee: this package knows nothing of leases. Its caller (the ownership
 // loop) cancels Run's context when the lease is lost, fenced, stopped or drained.
