@@ -21,9 +21,11 @@ func main() {
 	rate := flag.Float64("rate", 10, "messages per second per stream; 0: idle; negative: as fast as clients read")
 	size := flag.Int("size", 64, "payload bytes per message")
 	buffer := flag.Int64("buffer", 1_000_000, "how many past messages a resume may reach back")
+	liveHead := flag.Bool("live-head", false, `ignore the resume point: every socket starts at the live head, frames numbered in "n"`)
+	delay := flag.Duration("handshake-delay", 0, "answer each handshake only after this long (a far upstream's dial time)")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer}, log); err != nil {
+	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer, LiveHead: *liveHead, HandshakeDelay: *delay}, log); err != nil {
 		fmt.Fprintln(os.Stderr, "demo-upstream:", err)
 		os.Exit(1)
 	}

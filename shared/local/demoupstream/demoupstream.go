@@ -9,6 +9,12 @@
 // as a real upstream with a bounded buffer would). Messages are a pure function of
 // (stream, seq), so replay costs no memory.
 //
+// With LiveHead the server is an upstream that cannot replay: it ignores "from" and
+// every socket starts at the live head (the next message produced after the
+// handshake), and frames carry their number as {"n":N,"ts":MS,"payload":"..."}, with
+// no "seq" for a client to align on. A client that loses its place then loses
+// messages, and only the numbers in the payloads (Number) show which.
+//
 // For tests it records connects and disconnects per stream (MaxClients over 1 means
 // two clients streamed the same stream at once: double ownership), and it can be told
 // to drop clients, close them with a code, refuse handshakes, stall, or send garbage,
@@ -47,6 +53,13 @@ type Config struct {
 	ClientTimeout time.Duration
 	// Rules, if set, make the server enforce what strict upstreams enforce (see Rules).
 	Rules Rules
+	// LiveHead: ignore the resume point and stream every socket from the live head,
+	// with frames numbered in "n" (see LiveMessage). Needs Rate > 0 to mean anything;
+	// with an unbounded or zero rate a socket starts at 1.
+	LiveHead bool
+	// HandshakeDelay: the server answers a handshake only after this long, as a far
+	// upstream's dial takes (TLS, the handshake's round trips).
+	HandshakeDelay time.Duration
 }
 
 // EventKind names what happened in an Event.
@@ -61,15 +74,16 @@ const (
 
 // Event is one entry of the connection log.
 type Event struct {
-	Time    time.Time `json:"time"`
-	Stream  string    `json:"stream"`
-	Kind    EventKind `json:"kind"`
-	From    int64     `json:"from,omitempty"`     // connect: the resume point asked for
-	Clients int       `json:"clients"`            // clients of the stream after the event
-	Status  int       `json:"status,omitempty"`   // refused: the HTTP status
-	Remote  string    `json:"remote,omitempty"`   // the client's address
-	Sent    int64     `json:"sent,omitempty"`     // disconnect: messages sent on that socket
-	LastSeq int64     `json:"last_seq,omitempty"` // disconnect: last sequence sent
+	Time     time.Time `json:"time"`
+	Stream   string    `json:"stream"`
+	Kind     EventKind `json:"kind"`
+	From     int64     `json:"from,omitempty"`      // connect: the resume point asked for
+	Clients  int       `json:"clients"`             // clients of the stream after the event
+	Status   int       `json:"status,omitempty"`    // refused: the HTTP status
+	Remote   string    `json:"remote,omitempty"`    // the client's address
+	Sent     int64     `json:"sent,omitempty"`      // disconnect: messages sent on that socket
+	FirstSeq int64     `json:"first_seq,omitempty"` // disconnect: first sequence sent
+	LastSeq  int64     `json:"last_seq,omitempty"`  // disconnect: last sequence sent
 }
 
 // Stats is one stream's counters.
@@ -79,6 +93,9 @@ type Stats struct {
 	Connects   int   `json:"connects"`
 	Refused    int   `json:"refused"`
 	Head       int64 `json:"head"` // last sequence produced so far (-1: unbounded rate)
+	// Sockets: handshakes accepted and not yet ended, connected or not (0: every
+	// socket's disconnect is in the events).
+	Sockets int `json:"sockets"`
 }
 
 // Server is the demo upstream. Create it with New; serve it with Listen or use it as
@@ -113,6 +130,7 @@ type stream struct {
 	oversize int // payload size of the next message, when over 0 (a frame over a client's read limit)
 	gen      int // +1 on every ResetNumbering: clients restart at seq 1
 	reset    bool
+	sockets  int // handshakes accepted and not yet ended
 }
 
 type client struct {
@@ -260,9 +278,14 @@ func (s *Server) dueAt(t0 time.Time, seq int64) time.Time {
 }
 
 // Message returns the frame of seq on stream id; ts is its production time in ms.
-func Message(seq, ts int64, size int) []byte {
+func Message(seq, ts int64, size int) []byte { return encode(`{"seq":`, seq, ts, size) }
+
+// LiveMessage is Message as a LiveHead server sends it: the number is "n", not "seq".
+func LiveMessage(n, ts int64, size int) []byte { return encode(`{"n":`, n, ts, size) }
+
+func encode(open string, seq, ts int64, size int) []byte {
 	b := make([]byte, 0, 48+size)
-	b = append(b, `{"seq":`...)
+	b = append(b, open...)
 	b = strconv.AppendInt(b, seq, 10)
 	b = append(b, `,"ts":`...)
 	b = strconv.AppendInt(b, ts, 10)
@@ -284,6 +307,18 @@ func ProducedAt(frame []byte) (ts int64, ok bool) {
 		return 0, false
 	}
 	return *m.TS, true
+}
+
+// Number reads the number of a frame a LiveHead server sent (LiveMessage's "n");
+// ok is false for any other frame.
+func Number(frame []byte) (n int64, ok bool) {
+	var m struct {
+		N *int64 `json:"n"`
+	}
+	if json.Unmarshal(frame, &m) != nil || m.N == nil {
+		return 0, false
+	}
+	return *m.N, true
 }
 
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
@@ -316,9 +351,18 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.wg.Add(1) // under mu, so Close cannot miss it
+	st.sockets++
 	s.mu.Unlock()
 	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		st.sockets--
+		s.mu.Unlock()
+	}()
 
+	if d := s.cfg.HandshakeDelay; d > 0 {
+		time.Sleep(d) // a far upstream's dial: the head moves on meanwhile
+	}
 	conn, err := s.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered
@@ -336,17 +380,18 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	s.log(Event{Stream: id, Kind: Connect, From: from, Clients: len(st.clients), Remote: c.remote})
 	s.mu.Unlock()
 
-	sent, last := s.serveClient(id, st, c, from)
+	sent, first, last := s.serveClient(id, st, c, from)
 
 	s.mu.Lock()
 	delete(st.clients, c)
-	s.log(Event{Stream: id, Kind: Disconnect, Clients: len(st.clients), Remote: c.remote, Sent: sent, LastSeq: last})
+	s.log(Event{Stream: id, Kind: Disconnect, Clients: len(st.clients), Remote: c.remote, Sent: sent, FirstSeq: first, LastSeq: last})
 	s.mu.Unlock()
 }
 
-// serveClient writes messages after from until the client goes away or is ended. A
-// reader goroutine answers pings and notices the close.
-func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent, last int64) {
+// serveClient writes messages after from (LiveHead: from the live head) until the
+// client goes away or is ended. A reader goroutine answers pings and notices the
+// close. It returns how many messages it sent, and the first and last sequence.
+func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent, first, last int64) {
 	var rwg sync.WaitGroup
 	defer rwg.Wait()
 	defer c.conn.Close()
@@ -398,10 +443,16 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 	})
 	rwg.Go(func() { u.enforce(s) })
 	if u.waitSubscribed() != nil {
-		return sent, last
+		return sent, first, last
 	}
 	s.mu.Lock()
 	next := from + 1
+	if s.cfg.LiveHead {
+		next = 1
+		if s.cfg.Rate > 0 {
+			next = s.head(st, time.Now()) + 1 // what is produced from now on; never what was
+		}
+	}
 	if h := s.head(st, time.Now()); s.cfg.Rate > 0 && next < h-s.cfg.Buffer {
 		next = h - s.cfg.Buffer // older messages are gone
 	}
@@ -414,7 +465,7 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 	defer timer.Stop()
 	for {
 		if s.waitUnstalled(st, c) != nil {
-			return sent, last
+			return sent, first, last
 		}
 		s.mu.Lock()
 		garbage := st.garbage > 0
@@ -428,14 +479,14 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		s.mu.Unlock()
 		if garbage {
 			if err := s.writeFrame(c, []byte("\x00not json {{{")); err != nil {
-				return sent, last
+				return sent, first, last
 			}
 			continue
 		}
 		if s.cfg.Rate == 0 {
 			select {
 			case <-c.stop:
-				return sent, last
+				return sent, first, last
 			case <-stallCh:
 				continue // stall state changed; re-check garbage and stall
 			}
@@ -445,7 +496,7 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 			timer.Reset(due.Sub(now))
 			select {
 			case <-c.stop:
-				return sent, last
+				return sent, first, last
 			case <-timer.C:
 			}
 			continue
@@ -460,14 +511,21 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 			size, st.oversize = st.oversize, 0
 		}
 		s.mu.Unlock()
-		if err := s.writeFrame(c, Message(next, ts, size)); err != nil {
-			return sent, last
+		msg := Message
+		if s.cfg.LiveHead {
+			msg = LiveMessage
+		}
+		if err := s.writeFrame(c, msg(next, ts, size)); err != nil {
+			return sent, first, last
+		}
+		if sent == 0 {
+			first = next
 		}
 		sent, last = sent+1, next
 		next++
 		select {
 		case <-c.stop:
-			return sent, last
+			return sent, first, last
 		default:
 		}
 	}
@@ -627,7 +685,7 @@ func (s *Server) stats(st *stream) Stats {
 	if h == math.MaxInt64 {
 		h = -1
 	}
-	return Stats{Clients: len(st.clients), MaxClients: st.max, Connects: st.connects, Refused: st.refused, Head: h}
+	return Stats{Clients: len(st.clients), MaxClients: st.max, Connects: st.connects, Refused: st.refused, Head: h, Sockets: st.sockets}
 }
 
 // AllStats returns every stream's counters.

@@ -3,6 +3,7 @@ package demoupstream
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -246,5 +247,64 @@ func TestControlEndpoints(t *testing.T) {
 	}
 	if stats["z"].Refused != 1 || stats["z"].Connects != 1 {
 		t.Fatalf("stats %+v", stats["z"])
+	}
+}
+
+// A LiveHead server ignores the resume point: every socket starts at the live head
+// whatever it asked for, its frames carry "n" and no "seq", and each socket's
+// disconnect event gives the span of numbers it was sent.
+func TestLiveHead(t *testing.T) {
+	s := listen(t, Config{Rate: 200, Size: 4, LiveHead: true})
+	s.Touch("l")
+	waitFor(t, "a head of 20", func() bool { return s.Stats("l").Head >= 20 })
+	for _, from := range []string{"", "?from=3", "?from=1000000"} {
+		head := s.Stats("l").Head
+		c := dial(t, s.URL("l")+from)
+		var got []int64
+		for range 3 {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, data, err := c.ReadMessage()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, ok := Number(data)
+			if !ok || strings.Contains(string(data), `"seq"`) {
+				t.Fatalf("frame %s: want a number in n and no seq", data)
+			}
+			got = append(got, n)
+		}
+		if got[0] <= head || got[0] > s.Stats("l").Head || got[1] != got[0]+1 || got[2] != got[0]+2 {
+			t.Fatalf("from %q: numbers %v at a head of %d: want the live head on, in order", from, got, head)
+		}
+		c.Close()
+	}
+	waitFor(t, "no clients", func() bool { return s.Stats("l").Clients == 0 })
+	var spans int
+	for _, e := range s.Events() {
+		if e.Kind != Disconnect {
+			continue
+		}
+		spans++
+		if e.FirstSeq == 0 || e.Sent != e.LastSeq-e.FirstSeq+1 {
+			t.Fatalf("disconnect %+v: want the span of numbers sent", e)
+		}
+	}
+	if spans != 3 {
+		t.Fatalf("%d disconnects, want 3", spans)
+	}
+	if n, ok := Number(Message(5, 1, 1)); ok {
+		t.Fatalf("Number of a seq frame = %d, want none", n)
+	}
+}
+
+func TestCount(t *testing.T) {
+	spans := []Span{{First: 10, Last: 14}, {First: 13, Last: 15}, {First: 20, Last: 21}}
+	got := Count(spans, []int64{10, 11, 13, 14, 13, 15, 20, 21, 21})
+	if got.Sent != 8 || got.Delivered != 9 || got.Duplicates != 2 || got.Unsent != 4 ||
+		len(got.Missing) != 1 || got.Missing[0] != 12 {
+		t.Fatalf("tally %+v: want 8 sent, 9 delivered, 2 duplicates, 4 unsent (16-19), 12 missing", got)
+	}
+	if z := Count(nil, nil); z.Sent != 0 || z.Unsent != 0 || len(z.Missing) != 0 {
+		t.Fatalf("empty tally %+v", z)
 	}
 }

@@ -272,19 +272,7 @@ func handoffConfig(cfg config.Config, streams *wstream.Factory, snk sink.Sink, s
 				Timeout: streams.Config.SinkTimeout, Valid: valid, OnOverflow: overflow}
 			return streams.WithSink(g).New(streamConn(l, valid)), g
 		},
-		Resumable: func(l lease.Lease) error {
-			r := streams.Config.Resume
-			if l.Spec.Resume != "" {
-				var err error
-				if r, err = wstream.ParseResume(l.Spec.Resume); err != nil {
-					return err
-				}
-			}
-			if r.Kind == "none" {
-				return errors.New("resume none: the upstream cannot resume, so the handoff is a release-then-acquire")
-			}
-			return nil
-		},
+		Resumable:      func(l lease.Lease) error { return streams.Config.MakeBeforeBreak(l.Spec) },
 		PrepareTimeout: cfg.HandoffPrepareTimeout,
 		StandbyTimeout: cfg.HandoffStandbyTimeout,
 	}

@@ -191,6 +191,7 @@ type opts struct {
 	stdout     io.Writer     // set: the real stdout sink writes here instead of the memSink
 	sink       sink.Sink     // set: this sink instead of the memSink
 	resume     string        // "": the default
+	counter    bool          // no seq_path: sequences count the messages read (SOCKFLEET_SEQ_PATH empty)
 	backstop   time.Duration // stream mode; default 1 minute (out of the way)
 	checkpoint time.Duration // stream mode; default checkpointEvery
 	// Planned handoffs: standbyMax messages held (default 10000); advertise, if set,
@@ -222,6 +223,9 @@ func (e *env) worker(id string, o opts) *worker {
 	cfg.Lease, cfg.RenewInterval, cfg.RenewDeadline, cfg.SkewMargin = leaseDur, interval, deadline, margin
 	cfg.DrainTimeout = 10 * time.Second
 	cfg.SeqPath = "seq"
+	if o.counter {
+		cfg.SeqPath = ""
+	}
 	cfg.WakeupSecret = secret
 	cfg.CheckpointInterval, cfg.BackstopInterval = checkpointEvery, time.Minute
 	if o.backstop > 0 {

@@ -50,7 +50,10 @@ type HandoffConfig struct {
 	// valid is the stream's fence guard, overflow is to be called when the gate
 	// gives up.
 	NewStandby func(l lease.Lease, valid func() bool, overflow func(error)) (Stream, *peer.Gate)
-	// Resumable says why l's upstream cannot be resumed (resume none), or nil.
+	// Resumable says why l cannot be handed over make-before-break, or nil: its
+	// upstream cannot be resumed (resume none), or its sequence is a count of the
+	// messages a socket read (no seq_path), which a standby's socket cannot align
+	// with the old owner's. Either way the handoff falls back to a release.
 	Resumable func(l lease.Lease) error
 
 	// PrepareTimeout bounds a prepare: the target's item read, dial and open

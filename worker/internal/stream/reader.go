@@ -74,7 +74,7 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 		if sock.stopping.Load() {
 			return nil
 		}
-		return conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
+		return sock.extendRead(s.cfg.PongWait)
 	})
 	spec := s.set.spec
 	var pong, shutdown []byte
@@ -92,14 +92,20 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 			f, pending[0] = pending[0], frame{}
 			pending = pending[1:]
 		} else {
-			_ = conn.SetReadDeadline(time.Now().Add(s.cfg.PongWait))
+			_ = sock.extendRead(s.cfg.PongWait)
 			if sock.stopping.Load() {
 				return errRotated
 			}
 			var err error
 			if f, err = readFrame(conn, s.cfg.ReadLimit); err != nil {
-				if sock.stopping.Load() {
+				switch {
+				case sock.stopping.Load():
 					return errRotated
+				case sock.closeBy.Load() != 0:
+					// The upstream's close reply, or the close's deadline: everything it
+					// sent before is queued. Only counter mode's rotator closes a socket
+					// while the session goes on.
+					return errCountedRotation
 				}
 				return classifyReadErr(err)
 			}

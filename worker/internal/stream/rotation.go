@@ -7,7 +7,8 @@ import (
 
 // rotator replaces sock, make-before-break, shortly before max_lifetime or when
 // the reader saw the upstream announce its shutdown: it dials and opens a new socket
-// while the old one streams on, hands it over on next, then stops the old reader.
+// while the old one streams on, hands it over on next, then stops the old reader. In
+// counter mode it only closes sock (break-before-make), and Run dials the next.
 func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct{}, next chan<- *socket) {
 	var due <-chan time.Time
 	if life := s.set.spec.MaxLifetime; life > 0 {
@@ -25,6 +26,14 @@ func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct
 		return
 	case <-due:
 	case <-rotate:
+	}
+	if s.set.seqPath.Counter() {
+		// A second socket's count could not be aligned with this one's (see
+		// counted.go): close, let the reader read to the upstream's close reply and the
+		// session deliver it, then the session ends and Run dials again at once.
+		s.cfg.Log.Info("counter mode: rotating break-before-make (close, then dial)", "conn", s.id, "last_seq", s.LastSeq())
+		s.beginClose(sock)
+		return
 	}
 	for failures := 0; ; failures++ {
 		pos := s.position()

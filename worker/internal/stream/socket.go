@@ -23,6 +23,7 @@ type socket struct {
 	done       chan struct{} // closed when the socket closes: the reader stops queueing
 	w          writer        // pings and the keepalive, on a timer (see writer.go)
 	stopping   atomic.Bool   // the reader is to stop: the stream rotates to another socket
+	closeBy    atomic.Int64  // unix ns; set once this side sent the close frame: the reader's deadline
 	failure    atomic.Pointer[error]
 	lastPong   atomic.Int64 // unix ns
 	queued     atomic.Int64 // last sequence the reader queued
@@ -32,6 +33,17 @@ type socket struct {
 func (k *socket) fail(err error) {
 	k.failure.CompareAndSwap(nil, &err)
 	k.conn.Close() // unblocks the reader, which reports the failure
+}
+
+// extendRead moves the read deadline to d from now, unless this side began the close
+// handshake: then the deadline stays the close's (beginClose). Checked after the
+// move, so a close begun meanwhile still wins.
+func (k *socket) extendRead(d time.Duration) error {
+	err := k.conn.SetReadDeadline(time.Now().Add(d))
+	if by := k.closeBy.Load(); by != 0 {
+		err = k.conn.SetReadDeadline(time.Unix(0, by))
+	}
+	return err
 }
 
 // stopReading makes the reader return errRotated without reading further.

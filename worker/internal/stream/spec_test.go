@@ -552,8 +552,6 @@ func TestRotation(t *testing.T) {
 		seq   string
 	}{
 		"max_lifetime": {demoupstream.Rules{MaxLifetime: 2 * time.Second}, schema.Spec{MaxLifetime: 1500 * time.Millisecond}, "seq"},
-		"max_lifetime counted": {demoupstream.Rules{MaxLifetime: 2 * time.Second},
-			schema.Spec{MaxLifetime: 1500 * time.Millisecond}, ""},
 		"announced": {demoupstream.Rules{MaxLifetime: 800 * time.Millisecond, Announce: `{"type":"goAway"}`, AnnounceBefore: 400 * time.Millisecond},
 			schema.Spec{ShutdownMatch: `"goAway"`}, "seq"},
 	} {

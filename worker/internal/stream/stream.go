@@ -8,6 +8,14 @@
 // handshake timeout; LastSeq only moves after the sink acknowledged; Run returns
 // only after every goroutine it started has exited and no socket timer can fire. A
 // malformed frame is counted and handled by the BadPolicy; it never stops the stream.
+// In counter mode (no sequence path) a connection never has two sockets: a rotation
+// or a graceful stop sends the close frame and delivers what the upstream sent until
+// its close reply (within CloseWait), and the next socket resumes after the count.
+//
+// Non-guarantee: in counter mode, what an upstream that ignores the resume point
+// produced while no socket was open (about one dial) is never received, and what one
+// that replays from before the count sends again is delivered again under new
+// numbers; the status says the position is a count.
 //
 // Non-guarantee: this package knows nothing of leases. Its caller (the ownership
 // loop) cancels Run's context when the lease is lost, fenced, stopped or drained.
@@ -16,8 +24,10 @@
 // the handshake and sends the open messages; socket.go starts and closes a socket;
 // reader.go is a socket's one reader, writer.go its timer-driven writer; deliver.go
 // writes batches to the sink; rotation.go replaces a socket make-before-break;
-// seq.go follows the upstream's numbering; config.go and factory.go hold the
-// settings and make a worker's streams.
+// counted.go holds what counter mode (no sequence path) does instead: break-before-
+// make, reading each socket to the upstream's close reply; seq.go follows the
+// upstream's numbering; config.go and factory.go hold the settings and make a
+// worker's streams.
 package stream
 
 import (
@@ -161,14 +171,15 @@ func (s *Stream) Run(ctx context.Context) {
 			s.cfg.Metrics.IdleNow.Add(-1)
 		}
 	}()
-	failures := 0
+	failures, rotated := 0, false
 	for dials := 0; ; dials++ {
 		if ctx.Err() != nil || (s.valid != nil && !s.valid()) {
 			return // past the fence: the owner cancels ctx and gives the lease up
 		}
-		if dials > 0 {
+		if dials > 0 && !rotated {
 			s.cfg.Metrics.Reconnects.Add(1)
 		}
+		rotated = false
 		s.setStatus("connecting", nil)
 		start := time.Now()
 		err := s.session(ctx)
@@ -181,6 +192,10 @@ func (s *Stream) Run(ctx context.Context) {
 			s.setStatus(schema.StatusSeqReset, err)
 			s.cfg.Log.Warn("upstream numbering reset; halted as the spec asks", "conn", s.id, "err", err)
 			return // the owner releases with status seq_reset
+		}
+		if errors.Is(err, errCountedRotation) {
+			failures, rotated = 0, true // counter mode's rotation: closed; dial the next now
+			continue
 		}
 		stable := time.Since(start) >= s.cfg.StableAfter
 		if errors.Is(err, errRedial) || (stable && errors.Is(err, errAnnounced)) {
@@ -250,7 +265,8 @@ func (e *haltError) Error() string {
 
 // session runs a connection until it fails or ctx ends: dial, open, read and
 // deliver, and rotate to a new socket (make-before-break) at max_lifetime or when the
-// upstream announces its shutdown.
+// upstream announces its shutdown; in counter mode the rotation closes the socket and
+// the session ends with errCountedRotation, for Run to dial the next at once.
 func (s *Stream) session(ctx context.Context) error {
 	pos := s.position()
 	from, resumed := pos.Seq, true
@@ -266,6 +282,8 @@ func (s *Stream) session(ctx context.Context) error {
 		// Still idle (idle_reconnect, or any reconnect while idle): say so again, as
 		// the dial's own statuses replaced it; data clears it as on any socket.
 		s.setStatus(schema.StatusIdle, errIdleReconnected)
+	} else if s.set.seqPath.Counter() && resumed && (pos.Seq > 0 || pos.Epoch > 0) {
+		s.setStatus("streaming", countedResume(from)) // where it resumed is a count, not a known place
 	} else {
 		s.setStatus("streaming", nil)
 	}
@@ -307,14 +325,22 @@ func (s *Stream) session(ctx context.Context) error {
 			sock = fresh
 			continue
 		}
+		if errors.Is(err, errCountedRotation) && ctx.Err() == nil {
+			s.cfg.Metrics.Rotations.Add(1) // closed and read to its end; Run dials the next
+		}
 		graceful := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful)
 		var cut Cutter
-		if graceful && errors.As(context.Cause(ctx), &cut) {
+		switch {
+		case graceful && errors.As(context.Cause(ctx), &cut):
 			// Deliver what was read, then cut, then close: what the reader queues
 			// meanwhile is not delivered here (the next owner resumes after the cut).
 			s.flushQueued(ctx, msgs)
 			cut.Cut()
 			graceful = false
+		case graceful && s.set.seqPath.Counter():
+			// The next socket cannot skip by count what this one read: read to the
+			// upstream's close reply and deliver it all (counted.go).
+			s.closeAndDeliver(ctx, sock, msgs)
 		}
 		s.closeSocket(sock)
 		if fresh != nil {
