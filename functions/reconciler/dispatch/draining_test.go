@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sockfleet/sockfleet/functions/reconciler/records"
@@ -20,13 +21,13 @@ import (
 // retried until the drain is over; a needs-owner id still goes to the next worker.
 func TestDeliverCheckToADrainingOwner(t *testing.T) {
 	secret := []byte("test-secret")
-	var calls []wakeup.Request
+	var calls atomic.Int32
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req wakeup.Request
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			t.Errorf("decode: %v", err)
 		}
-		calls = append(calls, req)
+		calls.Add(1)
 		resp := wakeup.Response{V: wakeup.Version}
 		for _, c := range req.Conns {
 			resp.Results = append(resp.Results, wakeup.ConnResult{ID: c.ID, Result: wakeup.Draining})
@@ -50,7 +51,7 @@ func TestDeliverCheckToADrainingOwner(t *testing.T) {
 	if o := out["new"]; o.Done {
 		t.Errorf("needs-owner id answered draining by the only worker: %+v, want not done", o)
 	}
-	if len(calls) == 0 {
+	if calls.Load() == 0 {
 		t.Error("no wakeup reached the owner")
 	}
 }
