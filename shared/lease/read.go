@@ -50,17 +50,21 @@ type Snapshot struct {
 	WSURL        string
 	LeaseOwner   string
 	LeaseVersion int64
+	Spec         schema.Spec
+	SpecErr      error // the spec does not decode
 }
 
 // ReadOwned reads ids (at most BatchGetLimit) with one eventually consistent
 // BatchGetItem, projecting only what an owner compares: desired_state, ws_url,
-// lease_owner, lease_version. It returns a snapshot per id (Found false: absent) and
+// lease_owner, lease_version and the spec's attributes (a read costs the whole
+// item's size whatever it projects). It returns a snapshot per id (Found false: absent) and
 // the read units DynamoDB reports. Keys DynamoDB leaves unprocessed are absent from
 // the map, to be read next time. An eventually consistent read may be stale: act on
 // a difference only after confirming it with a conditional write (Checkpoint).
 func (s *Store) ReadOwned(ctx context.Context, ids []string) (map[string]Snapshot, float64, error) {
-	items, units, err := ReadItems(ctx, s.db, s.cfg.Table, ids,
-		schema.AttrDesiredState, schema.AttrWSURL, schema.AttrLeaseOwner, schema.AttrLeaseVersion)
+	attrs := append([]string{schema.AttrDesiredState, schema.AttrWSURL, schema.AttrLeaseOwner, schema.AttrLeaseVersion},
+		codec.SpecAttrs()...)
+	items, units, err := ReadItems(ctx, s.db, s.cfg.Table, ids, attrs...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read owned: %w", err)
 	}
@@ -78,7 +82,8 @@ func (s *Store) ReadOwned(ctx context.Context, ids []string) (map[string]Snapsho
 		if d, ok := it[schema.AttrDesiredState].(*types.AttributeValueMemberS); !ok || schema.State(d.Value) != st {
 			st = "" // unusable: the caller confirms, and the checkpoint's item says why
 		}
-		snaps[id] = Snapshot{Found: true, DesiredState: st, WSURL: c.WSURL, LeaseOwner: c.LeaseOwner, LeaseVersion: c.LeaseVersion}
+		snaps[id] = Snapshot{Found: true, DesiredState: st, WSURL: c.WSURL, LeaseOwner: c.LeaseOwner, LeaseVersion: c.LeaseVersion,
+			Spec: c.Spec, SpecErr: c.SpecErr}
 	}
 	return snaps, units, nil
 }

@@ -174,15 +174,47 @@ func ValidateURL(raw string) error {
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("%w %s %q: %v", ErrInvalid, AttrWSURL, clip(raw), err)
+		return fmt.Errorf("%w %s %q: %v", ErrInvalid, AttrWSURL, clip(RedactURL(raw)), URLParseError(err))
 	}
 	if u.Scheme != "ws" && u.Scheme != "wss" {
-		return fmt.Errorf("%w %s %q: scheme must be ws or wss", ErrInvalid, AttrWSURL, clip(raw))
+		return fmt.Errorf("%w %s %q: scheme must be ws or wss", ErrInvalid, AttrWSURL, clip(RedactURL(raw)))
 	}
 	if u.Hostname() == "" {
-		return fmt.Errorf("%w %s %q: no host", ErrInvalid, AttrWSURL, clip(raw))
+		return fmt.Errorf("%w %s %q: no host", ErrInvalid, AttrWSURL, clip(RedactURL(raw)))
 	}
 	return nil
+}
+
+// RedactURL returns raw fit for an error, a status or a log line: a query string,
+// a fragment and userinfo are replaced by REDACTED, since upstreams commonly carry
+// tokens there. It needs no parseable URL (a rejected URL is the one worth showing).
+func RedactURL(raw string) string {
+	head, tail := raw, ""
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		head, tail = raw[:i], raw[i:i+1]+"REDACTED"
+	}
+	start := 0
+	if i := strings.Index(head, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	authority := head[start:]
+	if i := strings.IndexByte(authority, '/'); i >= 0 {
+		authority = authority[:i]
+	}
+	if at := strings.LastIndexByte(authority, '@'); at >= 0 {
+		head = head[:start] + "REDACTED" + head[start+at:]
+	}
+	return head + tail
+}
+
+// URLParseError returns what url.Parse's error says without the URL it quotes
+// (whose query or userinfo may hold a credential).
+func URLParseError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
 }
 
 // clip shortens a value quoted in an error, so a huge bad value makes a short message.

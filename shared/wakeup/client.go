@@ -2,6 +2,7 @@ package wakeup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -15,11 +16,17 @@ type Client struct {
 }
 
 // Send posts req to the worker at addr (host:port) and returns its per-id answers.
+// A draining worker's 503, which answers Draining for every id, is such an answer.
 // Any error means the worker did not answer usefully: the caller re-routes all ids.
 func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, error) {
 	req.V = Version
 	post := SignedPost{Secret: c.Secret, HTTP: c.HTTP, Now: c.Now, Timeout: 2 * time.Second}
 	data, err := post.JSON(ctx, "http://"+addr+Path, req, MaxBody)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Code == http.StatusServiceUnavailable {
+		if out, derr := DecodeResponse(se.Body); derr == nil && allDraining(out, req) {
+			return out, nil
+		}
+	}
 	if err != nil {
 		return Response{}, fmt.Errorf("wakeup %s: %w", addr, err)
 	}
@@ -28,4 +35,22 @@ func (c *Client) Send(ctx context.Context, addr string, req Request) (Response, 
 		return Response{}, fmt.Errorf("wakeup %s: bad reply: %w", addr, err)
 	}
 	return out, nil
+}
+
+// allDraining says whether out answers Draining for every id of req, as a draining
+// worker's 503 does.
+func allDraining(out Response, req Request) bool {
+	got := map[string]bool{}
+	for _, r := range out.Results {
+		if r.Result != Draining {
+			return false
+		}
+		got[r.ID] = true
+	}
+	for _, c := range req.Conns {
+		if !got[c.ID] {
+			return false
+		}
+	}
+	return len(req.Conns) > 0
 }

@@ -22,6 +22,14 @@ type SignedPost struct {
 	Timeout time.Duration
 }
 
+// StatusError is Do's error for an answer other than 200.
+type StatusError struct {
+	Code int
+	Body []byte // read up to Do's max
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("status %d: %.200s", e.Code, e.Body) }
+
 // JSON posts v, encoded as JSON, as Do does.
 func (p SignedPost) JSON(ctx context.Context, url string, v any, max int64) ([]byte, error) {
 	body, err := json.Marshal(v)
@@ -61,7 +69,7 @@ func (p SignedPost) Do(ctx context.Context, url string, body []byte, max int64) 
 		return nil, fmt.Errorf("read reply: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status %d: %.200s", resp.StatusCode, data)
+		return nil, &StatusError{Code: resp.StatusCode, Body: data}
 	}
 	return data, nil
 }

@@ -74,3 +74,62 @@ func TestStaleReleasedImageIsTakenBackByTheHolder(t *testing.T) {
 		t.Errorf("last_repair %v: want the stale image said", lr)
 	}
 }
+
+// The console's edit of an advisory number into a String (nudged_at_ms saved as
+// type S): when the connection is started again, no worker is woken for it more
+// than once, the item says invalid naming the attribute and its type, and nothing
+// loops (a loop of acquire, give back, release would rewrite status_at_ms each
+// time, so the orphan alarm would never see the item age).
+func TestMistypedAdvisoryAttributeDoesNotLoop(t *testing.T) {
+	s := newStack(t)
+	s.put("c", schema.Started)
+	s.waitFor("streaming", 2*time.Second, func() bool { return s.streaming("c") })
+	_, err := s.e.DB.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{
+		TableName: &s.e.Table, Key: map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey("c"))},
+		UpdateExpression:          aws.String("SET #n = :n"),
+		ExpressionAttributeNames:  map[string]string{"#n": schema.AttrNudgedAt},
+		ExpressionAttributeValues: map[string]types.AttributeValue{":n": codec.S("1764680000000")},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.setState("c", schema.Stopped)
+	s.waitFor("stopped", 5*time.Second, func() bool { return !s.streaming("c") && s.owner("c") == "" })
+	before := s.wakeups("c")
+	s.setState("c", schema.Started)
+	s.waitFor("invalid on the item", 5*time.Second, func() bool {
+		c, _ := codec.DecodeConnection(s.raw("c"))
+		return c.Status == "invalid"
+	})
+	c, _ := codec.DecodeConnection(s.raw("c"))
+	if !strings.Contains(c.StatusError, schema.AttrNudgedAt) || !strings.Contains(c.StatusError, "type S") {
+		t.Fatalf("status_error %q: want the attribute and its type named", c.StatusError)
+	}
+	// A marker connection goes through the same stream and reconciler: once it
+	// streams, a loop on c would have gone round too.
+	s.put("m", schema.Started)
+	s.waitFor("marker streaming", 5*time.Second, func() bool { return s.streaming("m") })
+	after, _ := codec.DecodeConnection(s.raw("c"))
+	if n := s.wakeups("c") - before; n > 1 {
+		t.Errorf("%d wakeups for c after the start; want at most one", n)
+	}
+	if after.StatusAtMs != c.StatusAtMs || after.Status != "invalid" || after.Owned() {
+		t.Errorf("item rewritten or owned after it was reported invalid: %+v then %+v", c, after)
+	}
+	if s.streaming("c") {
+		t.Error("an invalid item streams")
+	}
+}
+
+// wakeups counts the wakeups sent for id.
+func (s *stack) wakeups(id string) int {
+	s.sender.mu.Lock()
+	defer s.sender.mu.Unlock()
+	n := 0
+	for _, c := range s.sender.calls {
+		if strings.HasSuffix(c, "/"+id) {
+			n++
+		}
+	}
+	return n
+}

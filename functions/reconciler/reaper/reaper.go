@@ -28,8 +28,10 @@
 //   - After a quiet spell (no heartbeat batch for longer than Quiet, which is what an
 //     outage of the table or of its stream looks like: every member lapses at once),
 //     nobody is declared dead until Grace after the first heartbeat that ends it, so
-//     that members that are alive renew first instead of being expelled. Only a
-//     warm instance knows of a quiet spell; a cold one acts at once.
+//     that members that are alive renew first instead of being expelled. A reap in
+//     the spell that no heartbeat started (the sweep's) opens the same grace, once
+//     per spell. Only a warm instance knows of a quiet spell; a cold one acts at
+//     once.
 //
 // Non-guarantees: the registry is listed through its index, which is eventually
 // consistent; a stale listing only delays a declaration (the conditional write
@@ -91,6 +93,9 @@ type Reaper struct {
 	last       time.Time // last Reap slot claimed by Due
 	heard      time.Time // last heartbeat batch (Due call)
 	graceUntil time.Time // no declarations before this (after a quiet spell)
+	// gracedSpell is heard when a call that was not a heartbeat opened a grace: the
+	// quiet spell since that heartbeat has had its grace.
+	gracedSpell time.Time
 }
 
 // Report is what one call did.
@@ -107,17 +112,10 @@ func (r *Reaper) Due(now time.Time) bool {
 	if every <= 0 {
 		every = DefaultEvery
 	}
-	quiet, grace := r.Quiet, r.Grace
-	if quiet <= 0 {
-		quiet = DefaultQuiet
-	}
-	if grace <= 0 {
-		grace = DefaultGrace
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.heard.IsZero() && now.Sub(r.heard) > quiet {
-		r.graceUntil = now.Add(grace)
+	if r.quietLocked(now) {
+		r.graceUntil = now.Add(r.grace())
 	}
 	r.heard = now
 	if !r.last.IsZero() && now.Sub(r.last) < every {
@@ -128,10 +126,36 @@ func (r *Reaper) Due(now time.Time) bool {
 }
 
 // inGrace reports whether declarations wait at now (a quiet spell just ended).
+// A call in a quiet spell, not from a heartbeat (the sweep's reap, a stream record
+// naming a lapsed owner), opens the grace once per spell: the table answered, so
+// the outage may be over while the members' renews are a tick away. A later call
+// in the same spell finds no new grace, so a fleet whose heartbeats really stopped
+// is still declared dead, one grace later.
 func (r *Reaper) inGrace(now time.Time) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.quietLocked(now) && !r.gracedSpell.Equal(r.heard) {
+		r.gracedSpell = r.heard
+		r.graceUntil = now.Add(r.grace())
+	}
 	return now.Before(r.graceUntil)
+}
+
+// quietLocked reports whether no heartbeat batch has come for longer than Quiet.
+// Call with r.mu held.
+func (r *Reaper) quietLocked(now time.Time) bool {
+	quiet := r.Quiet
+	if quiet <= 0 {
+		quiet = DefaultQuiet
+	}
+	return !r.heard.IsZero() && now.Sub(r.heard) > quiet
+}
+
+func (r *Reaper) grace() time.Duration {
+	if r.Grace <= 0 {
+		return DefaultGrace
+	}
+	return r.Grace
 }
 
 // Reap lists the registry and acts on every member that is lapsed or dead.

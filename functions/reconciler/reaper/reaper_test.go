@@ -295,3 +295,32 @@ func TestSteadyHeartbeatsDeclareAtOnce(t *testing.T) {
 		t.Fatalf("%+v %v", rep, err)
 	}
 }
+
+// The sweep's reap runs without a heartbeat. One that comes while no heartbeat has
+// arrived for longer than the quiet spell (the table just came back, the members
+// renew a tick later) gives the same grace a heartbeat that ends the spell would;
+// a sweep after the grace, still without heartbeats (the fleet is really gone),
+// declares as before.
+func TestSweepAfterQuietSpellGivesGrace(t *testing.T) {
+	f := setup(t)
+	r := f.reaper(nil)
+	if !r.Due(f.now.Add(-time.Minute)) { // heartbeats before the outage
+		t.Fatal("first heartbeat not due")
+	}
+	f.join("slow", "i1", f.now.Add(-skew-5*time.Second)) // lapsed in the outage, renews a little later
+	f.own("a", "slow")
+	rep, _, err := r.Reap(f.ctx, f.now) // the sweep: no heartbeat since the outage
+	if err != nil || len(rep.Declared)+len(rep.Released) != 0 {
+		t.Fatalf("sweep just after a quiet spell: %+v %v; want nobody declared", rep, err)
+	}
+	if c := f.get("a"); !c.Owned() {
+		t.Fatalf("released within the grace: %+v", c)
+	}
+	if rep, _, _ := r.Reap(f.ctx, f.now.Add(reaper.DefaultGrace-time.Millisecond)); len(rep.Declared) != 0 {
+		t.Fatalf("declared within the grace: %+v", rep)
+	}
+	rep, _, err = r.Reap(f.ctx, f.now.Add(time.Minute)) // the next sweep, still no heartbeat
+	if err != nil || !slices.Equal(rep.Declared, []string{"slow"}) || !slices.Equal(rep.Released, []string{"a"}) {
+		t.Fatalf("next sweep: %+v %v; want slow declared and a released", rep, err)
+	}
+}

@@ -50,12 +50,30 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 	})
 
-	failover := func(t *testing.T, slot int, sig syscall.Signal, within time.Duration) time.Duration {
-		p := f.stack.Sup.Get(slot)
-		victims := f.ownedBy(p.ID)
-		if len(victims) == 0 {
-			t.Skipf("worker %s owns nothing", p.ID)
+	// victim picks, once every connection streams, the worker that owns the most, so
+	// that each failover has connections to move (a fixed slot may own none: a
+	// replacement, or a worker the earlier failovers gave nothing).
+	victim := func(t *testing.T) (int, *fleet.Proc, []string) {
+		t.Helper()
+		waitFor(t, 15*time.Second, "all connections streaming before the failover", func() (bool, string) {
+			return f.streamingElsewhere(ids, "")
+		})
+		slot, p, victims := -1, (*fleet.Proc)(nil), []string(nil)
+		for s := range 3 {
+			if q := f.stack.Sup.Get(s); q != nil {
+				if mine := f.ownedBy(q.ID); len(mine) > len(victims) {
+					slot, p, victims = s, q, mine
+				}
+			}
 		}
+		if slot < 0 {
+			t.Fatal("no worker owns a connection")
+		}
+		return slot, p, victims
+	}
+
+	failover := func(t *testing.T, sig syscall.Signal, within time.Duration) time.Duration {
+		slot, p, victims := victim(t)
 		if err := f.stack.Sup.Signal(slot, sig); err != nil {
 			t.Fatal(err)
 		}
@@ -67,23 +85,19 @@ func TestFleetEndToEnd(t *testing.T) {
 	}
 
 	t.Run("SIGTERM drains to the others", func(t *testing.T) {
-		failover(t, 0, syscall.SIGTERM, 10*time.Second)
+		failover(t, syscall.SIGTERM, 10*time.Second)
 	})
 
 	t.Run("SIGKILL fails over well before the lease expires", func(t *testing.T) {
-		d := failover(t, 1, syscall.SIGKILL, 10*time.Second)
+		d := failover(t, syscall.SIGKILL, 10*time.Second)
 		if d >= testLease {
 			t.Errorf("SIGKILL failover took %s, not well before the %s lease", d, testLease)
 		}
 	})
 
 	t.Run("SIGSTOP longer than the lease: fenced, taken over, stays quiet", func(t *testing.T) {
-		p := f.stack.Sup.Get(2)
-		victims := f.ownedBy(p.ID)
-		if len(victims) == 0 {
-			t.Skipf("worker %s owns nothing", p.ID)
-		}
-		if err := f.stack.Sup.Signal(2, syscall.SIGSTOP); err != nil {
+		slot, p, victims := victim(t)
+		if err := f.stack.Sup.Signal(slot, syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		paused, pausedAt = p.ID, time.Now()
@@ -91,7 +105,7 @@ func TestFleetEndToEnd(t *testing.T) {
 			return f.streamingElsewhere(victims, p.ID)
 		})
 		t.Logf("SIGSTOP of %s: %d connections streaming elsewhere after %s", p.ID, len(victims), d)
-		if err := f.stack.Sup.Signal(2, syscall.SIGCONT); err != nil {
+		if err := f.stack.Sup.Signal(slot, syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
 		// Give the resumed worker every chance to misbehave, then check it did not.

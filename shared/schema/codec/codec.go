@@ -42,6 +42,10 @@ type Connection struct {
 	Spec    schema.Spec
 	SpecErr error
 	Epoch   int64 // sequence epoch, written by the owner on each accepted reset
+
+	// fieldErr: nudged_at_ms or seq_epoch does not decode. No write repairs them (an
+	// acquire writes neither), so an item with one is unrunnable until fixed.
+	fieldErr error
 }
 
 // Owned reports whether the item names an owner with an unreleased lease. It says
@@ -54,10 +58,11 @@ func (c Connection) Expired(nowMs, marginMs int64) bool {
 }
 
 // Unrunnable says what an operator made unusable in a connection that is not STOPPED:
-// an unknown desired_state (a lowercase "started"), an unusable ws_url, or an
-// unusable per-connection spec, naming the field and why. It is nil for a STOPPED item
-// (nothing runs it) and for an item whose only bad fields are ones the lease store
-// repairs (lease_version, last_seq).
+// an unknown desired_state (a lowercase "started"), an unusable ws_url, an unusable
+// per-connection spec, or a field no write repairs (nudged_at_ms, seq_epoch) that
+// does not decode, naming the field and why. It is nil for a STOPPED item (nothing
+// runs it) and for an item whose only bad fields are ones the lease store repairs
+// (lease_version, last_seq) or an acquire overwrites (the lease and status fields).
 func (c Connection) Unrunnable() error {
 	if c.DesiredState == schema.Stopped {
 		return nil
@@ -68,7 +73,10 @@ func (c Connection) Unrunnable() error {
 	if err := schema.ValidateURL(c.WSURL); err != nil {
 		return err
 	}
-	return c.SpecErr
+	if c.SpecErr != nil {
+		return c.SpecErr
+	}
+	return c.fieldErr
 }
 
 // Worker is a worker registry item.
@@ -141,9 +149,9 @@ func DecodeConnection(it Item) (Connection, error) {
 	c.Status = d.str(schema.AttrStatus)
 	c.StatusError = d.str(schema.AttrStatusError)
 	c.StatusAtMs = d.num(schema.AttrStatusAt)
-	c.NudgedAtMs = d.num(schema.AttrNudgedAt)
+	c.NudgedAtMs = c.unrepaired(&d, schema.AttrNudgedAt)
 	c.MovedAtMs, _ = num(it, schema.AttrMovedAt) // advisory (cooling only): a bad value reads as never moved
-	c.Epoch = d.num(schema.AttrEpoch)
+	c.Epoch = c.unrepaired(&d, schema.AttrEpoch)
 	state, err := str(it, schema.AttrDesiredState, true)
 	if err == nil {
 		c.DesiredState, err = schema.ParseState(state)
@@ -259,6 +267,16 @@ func (d *decoder) str(name string) string {
 	s, err := str(d.it, name, false)
 	d.keep(err)
 	return s
+}
+
+// unrepaired reads a number no write repairs, keeping its error as Unrunnable's too.
+func (c *Connection) unrepaired(d *decoder, name string) int64 {
+	n, err := num(d.it, name)
+	d.keep(err)
+	if c.fieldErr == nil {
+		c.fieldErr = err
+	}
+	return n
 }
 
 func (d *decoder) num(name string) int64 {

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
@@ -41,6 +42,9 @@ func SpecFromJSON(b []byte) (schema.Spec, error) {
 	}
 	return DecodeSpec(it)
 }
+
+// SpecAttrs returns the spec's attribute names (what DecodeSpec reads).
+func SpecAttrs() []string { return slices.Clone(specAttrs) }
 
 // specAttrs are the spec's attribute names.
 var specAttrs = []string{schema.AttrHeaders, schema.AttrSubprotocols, schema.AttrOpenMessages, schema.AttrKeepalive,

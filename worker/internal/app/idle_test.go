@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
@@ -133,5 +134,25 @@ func TestGaugesEveryRenewInterval(t *testing.T) {
 		if v, ok := buf.lastGauge(t, schema.MetricIdle); lines != 3 || !ok || v != 4 {
 			t.Fatalf("%d lines in 10s, idle %v (%v), want 3 lines of 4", lines, v, ok)
 		}
+	})
+}
+
+// A spec edit on an idle connection (no data, so no checkpoint ever reads the item,
+// and no stream record wakes the owner: the filters pass no spec edit) is applied
+// by the backstop read: the owner releases it to restart with the new spec.
+func TestSpecEditOnIdleConnectionIsApplied(t *testing.T) {
+	e := newEnv(t, 0) // the upstream never sends
+	e.putConn("c1", schema.Started)
+	w := e.worker("w1", opts{idle: time.Second, backstop: 2 * interval})
+	if r := e.wake(w, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("wake: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "status idle in the item", func() bool { return e.get("c1").Status == schema.StatusIdle })
+	// The operator fixes the subscription in the console.
+	e.update("c1", "SET #k = :v", map[string]types.AttributeValue{":v": codec.S("10m")},
+		map[string]string{"#k": schema.AttrMaxLifetime})
+	waitFor(t, 5*time.Second, "released to restart with the new spec", func() bool {
+		c := e.get("c1")
+		return c.LeaseExpiresAtMs == 0 && c.Status == "restarting"
 	})
 }

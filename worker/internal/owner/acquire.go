@@ -11,6 +11,10 @@ import (
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
+// detailStandingBy is Acquire's detail for a connection this worker only stands by
+// for (a handoff to it not yet committed).
+const detailStandingBy = "standing by for a handoff to this worker, not its owner"
+
 // Acquire tries to take connection id and start streaming it.
 func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
 	m.mu.Lock()
@@ -22,8 +26,12 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 		m.mu.Unlock()
 		return wakeup.AlreadyOwned, ""
 	case m.ho != nil && m.ho.standby[id] != nil:
+		// Not owned here: a standby may still end without a commit. An answer the
+		// reconciler takes as final would leave the connection to the sweep; this
+		// one it offers to the next worker (or retries, which finds the standby
+		// committed, adopted or gone).
 		m.mu.Unlock()
-		return wakeup.AlreadyOwned, "standing by for a handoff to this worker"
+		return wakeup.Failed, detailStandingBy
 	case m.loadLocked() >= m.cfg.MaxConnections:
 		m.mu.Unlock()
 		return wakeup.NoCapacity, ""
@@ -128,7 +136,7 @@ func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn, targets func() ([]
 		return wakeup.LostRace, "not held by this worker"
 	}
 	r, detail := m.Acquire(ctx, c.ID)
-	if r == wakeup.LostRace && m.ho != nil {
+	if (r == wakeup.LostRace || detail == detailStandingBy) && m.ho != nil {
 		if r2, d2, ok := m.adoptNamed(ctx, c.ID); ok {
 			return r2, d2
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
@@ -99,7 +100,45 @@ type handoffs struct {
 	cuts chan struct{} // cut-overs in flight (HandoffConfig.CutConcurrency)
 	// Under Manager.mu:
 	standby map[string]*standby
-	ended   map[string]int64 // the highest version of each connection whose session ended here
+	// ended holds the highest version of each connection whose session ended here,
+	// so a late commit or a standby's adopt cannot take up again a version this
+	// worker let go. An entry is kept at least keepEnded, past which no such call
+	// can arrive, and is pruned within half that again.
+	ended      map[string]endedVersion
+	endedSwept time.Time
+}
+
+type endedVersion struct {
+	version int64
+	at      time.Time
+}
+
+// keepEnded is how long a version that ended here can still be named by a call that
+// would take it up: a commit is accepted only within wakeup.Window of its signed
+// timestamp (on clocks up to a window apart), and a standby that was waiting for
+// one ends within the prepare and standby timeouts.
+func (h *handoffs) keepEnded() time.Duration {
+	return 2*wakeup.Window + h.cfg.PrepareTimeout + h.cfg.StandbyTimeout
+}
+
+// endedAt is the highest version of id whose session ended here (0: none known).
+// Call with Manager.mu held.
+func (h *handoffs) endedAt(id string) int64 { return h.ended[id].version }
+
+// noteEnded records that id's session at version ended here, and forgets what
+// ended longer than keepEnded ago. Call with Manager.mu held.
+func (h *handoffs) noteEnded(id string, version int64, now time.Time) {
+	h.ended[id] = endedVersion{version: max(version, h.ended[id].version), at: now}
+	keep := h.keepEnded()
+	if now.Sub(h.endedSwept) < keep/2 {
+		return
+	}
+	h.endedSwept = now
+	for k, e := range h.ended {
+		if now.Sub(e.at) > keep {
+			delete(h.ended, k)
+		}
+	}
 }
 
 // standby is a connection this worker prepared to take over.
@@ -139,7 +178,7 @@ func newHandoffs(c *HandoffConfig) (*handoffs, error) {
 		c.Now = time.Now
 	}
 	return &handoffs{cfg: *c, sem: make(chan struct{}, c.Concurrency), cuts: make(chan struct{}, c.CutConcurrency),
-		standby: map[string]*standby{}, ended: map[string]int64{}}, nil
+		standby: map[string]*standby{}, ended: map[string]endedVersion{}}, nil
 }
 
 // gatedStream is a standby's stream: until its gate has delivered what it held, the

@@ -197,7 +197,7 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 	if sb.timer != nil {
 		sb.timer.Stop()
 	}
-	usable := !m.draining && o.ctx.Err() == nil && m.rg.valid(nil) && m.ho.ended[sb.id] < version
+	usable := !m.draining && o.ctx.Err() == nil && m.rg.valid(nil) && m.ho.endedAt(sb.id) < version
 	if usable {
 		usable = sb.gate.Open(cut, version) == nil
 	}
@@ -236,7 +236,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	case o != nil || m.acquiring[id] || m.ho.standby[id] != nil:
 		m.mu.Unlock()
 		return refused("held, being taken, or standing by here")
-	case m.ho.ended[id] >= version:
+	case m.ho.endedAt(id) >= version:
 		m.mu.Unlock()
 		return refused("version %d already ended here", version)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -295,7 +296,8 @@ func (r *streamMode) checkpoints(ctx context.Context) {
 
 // backstop reads every owned connection back and confirms, with a conditional
 // checkpoint that returns the item, each one that looks different from what this
-// worker holds: a STOPPED or ws_url change whose wakeup was lost, or a lease lost.
+// worker holds: a STOPPED or ws_url change whose wakeup was lost, a spec edit, or a
+// lease lost.
 func (r *streamMode) backstop(ctx context.Context) {
 	m := r.m
 	list := m.snapshot()
@@ -331,7 +333,10 @@ func (r *streamMode) backstop(ctx context.Context) {
 	}
 }
 
+// differs says whether sn is not what o holds. The spec counts: no stream record
+// reports a spec edit, and an idle connection has no checkpoint to read it.
 func differs(o *owned, sn lease.Snapshot, me string) bool {
 	return !sn.Found || sn.LeaseOwner != me || sn.LeaseVersion != o.lease.Version ||
-		sn.DesiredState != schema.Started || sn.WSURL != o.s.URL()
+		sn.DesiredState != schema.Started || sn.WSURL != o.s.URL() ||
+		sn.SpecErr != nil || !reflect.DeepEqual(sn.Spec, o.lease.Spec)
 }

@@ -142,7 +142,7 @@ func (m *Manager) drop(o *owned) {
 	defer m.mu.Unlock()
 	delete(m.conns, o.lease.ID)
 	if m.ho != nil {
-		m.ho.ended[o.lease.ID] = max(m.ho.ended[o.lease.ID], o.lease.Version)
+		m.ho.noteEnded(o.lease.ID, o.lease.Version, time.Now())
 	}
 	m.cfg.Metrics.Owned.Store(int64(len(m.conns)))
 }

@@ -20,7 +20,7 @@ import (
 func dialAddr(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", fmt.Errorf("%w %s: %v", schema.ErrInvalid, schema.AttrWSURL, err)
+		return "", fmt.Errorf("%w %s: %v", schema.ErrInvalid, schema.AttrWSURL, schema.URLParseError(err))
 	}
 	port := u.Port()
 	if port == "" {

@@ -231,3 +231,16 @@ func TestDialAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestURLErrorsRedacted checks that a URL refused at dial or resume time is not
+// quoted with its query (where tokens travel) in the error the status shows.
+func TestURLErrorsRedacted(t *testing.T) {
+	raw := "wss://h.example:abc/x?token=s3cret"
+	if _, err := dialAddr(raw); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("dialAddr(%q) error = %v; want one without the token", raw, err)
+	}
+	r := Resume{Kind: "query", Name: "from", Template: "{seq}"}
+	if _, _, err := r.Apply(raw, 1); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("Resume.Apply(%q) error = %v; want one without the token", raw, err)
+	}
+}

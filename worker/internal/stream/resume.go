@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
 // Resume says how the resume point is passed upstream when dialing. Its spec is
@@ -60,7 +62,7 @@ func (r Resume) Apply(rawURL string, seq int64) (string, http.Header, error) {
 		return rawURL, h, nil
 	}
 	if _, err := url.Parse(rawURL); err != nil {
-		return "", nil, fmt.Errorf("resume: %w", err)
+		return "", nil, fmt.Errorf("resume: %w", schema.URLParseError(err))
 	}
 	return setQueryParam(rawURL, r.Name, v), nil, nil
 }

@@ -273,16 +273,52 @@ func TestSetURLRedials(t *testing.T) {
 	waitFor(t, 5*time.Second, "a's client gone", func() bool { return a.Stats("u").Clients == 0 })
 }
 
-func TestHardStopDropsQueued(t *testing.T) {
-	up := upstream(t, demoupstream.Config{Rate: 0})
-	snk := &memSink{}
-	s := New(testConfig(t, snk, "seq"), "h", up.URL("h"), 0)
-	stop := run(s)
-	waitFor(t, 5*time.Second, "connected", func() bool { return up.Stats("h").Clients == 1 })
-	stop(errors.New("lease lost"))
-	if up.Stats("h").Clients != 0 {
-		waitFor(t, 2*time.Second, "socket closed", func() bool { return up.Stats("h").Clients == 0 })
+// gatedSink blocks its first write until open is closed, telling entered when it
+// is in; it records what it acknowledged.
+type gatedSink struct {
+	memSink
+	once    sync.Once
+	entered chan struct{}
+	open    chan struct{}
+	first   int // the first batch's size, set before entered is closed
+}
+
+func (g *gatedSink) Write(ctx context.Context, b []sink.Message) error {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		g.first = len(b)
+		close(g.entered)
+		<-g.open
 	}
+	return g.memSink.Write(ctx, b)
+}
+
+// A hard stop (a lost lease) completes the sink write in flight, and drops what the
+// reader queued behind it: nothing reaches the sink after the stop.
+func TestHardStopDropsQueued(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 2000})
+	snk := &gatedSink{entered: make(chan struct{}), open: make(chan struct{})}
+	s := New(testConfig(t, snk, "seq"), "h", up.URL("h"), 0)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	<-snk.entered // the first batch is in the sink; the reader queues what follows
+	queue := s.queue
+	waitFor(t, 5*time.Second, "a full queue behind the write", func() bool { return len(queue) == cap(queue) })
+	cancel(errors.New("lease lost"))
+	close(snk.open)
+	<-done
+	got := snk.seqs()
+	if len(got) != snk.first {
+		t.Fatalf("%d messages delivered; want only the %d of the batch in flight at the stop (%d were queued behind it)",
+			len(got), snk.first, cap(queue))
+	}
+	contiguous(t, got, 1)
+	if last := s.LastSeq(); last != got[len(got)-1] {
+		t.Fatalf("LastSeq %d, last delivered %d", last, got[len(got)-1])
+	}
+	waitFor(t, 2*time.Second, "socket closed", func() bool { return up.Stats("h").Clients == 0 })
 }
 
 func TestBackoff(t *testing.T) {
