@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"io"
 	"log/slog"
 	"os"
@@ -270,7 +271,7 @@ func networkRules(o options) (*netrules.Template, error) {
 	path := o.template
 	if path == "" {
 		var err error
-		if path, err = netrules.Find(netrules.DefaultStack); err != nil {
+		if path, err = cdkout.Find("."); err != nil {
 			return nil, fmt.Errorf("network rules: %w (or pass -network-rules=false)", err)
 		}
 	}

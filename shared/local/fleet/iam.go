@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"log/slog"
-	"os"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -20,7 +20,7 @@ const AdminKey = "local"
 
 // IAMConfig says which template to enforce, and in front of which engines.
 type IAMConfig struct {
-	// Template is the synthesized template; nil loads the one FindTemplate finds
+	// Template is the synthesized template; nil loads the one cdkout.Find finds
 	// from the working directory up (`make template` writes it).
 	Template *iam.Template
 	Endpoint string // the DynamoDB engine (with Streams)
@@ -48,11 +48,7 @@ type Keys struct {
 
 // LoadTemplate loads the synthesized template found from the working directory up.
 func LoadTemplate() (*iam.Template, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	path, err := iam.FindTemplate(wd)
+	path, err := cdkout.Find(".")
 	if err != nil {
 		return nil, err
 	}

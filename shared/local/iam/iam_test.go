@@ -3,11 +3,10 @@ package iam
 import (
 	"encoding/json"
 	"errors"
+	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -296,32 +295,11 @@ func TestWithout(t *testing.T) {
 	}
 }
 
-func TestFindTemplate(t *testing.T) {
-	root := t.TempDir()
-	deep := filepath.Join(root, "a", "b")
-	if err := os.MkdirAll(deep, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := FindTemplate(deep); !errors.Is(err, ErrNoTemplate) {
-		t.Errorf("no template: error %v", err)
-	}
-	if err := os.MkdirAll(filepath.Join(root, "cdk.out"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	want := filepath.Join(root, "cdk.out", "S.template.json")
-	if err := os.WriteFile(want, []byte(`{"Resources":{}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := FindTemplate(deep); err != nil || got != want {
-		t.Errorf("FindTemplate = %q, %v; want %q", got, err, want)
-	}
-}
-
 // TestSynthesizedTemplate reads the stack's real template, if synthesized: the roles
 // the local fleet runs as are found, and their policies resolve.
 func TestSynthesizedTemplate(t *testing.T) {
-	path, err := FindTemplate(".")
-	if errors.Is(err, ErrNoTemplate) {
+	path, err := cdkout.Find(".")
+	if errors.Is(err, cdkout.ErrNoTemplate) {
 		t.Skip(err)
 	}
 	if err != nil {

@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 )
@@ -60,34 +59,6 @@ func LoadTemplate(path string) (*Template, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return t, nil
-}
-
-// ErrNoTemplate says the synthesized template was not found.
-var ErrNoTemplate = errors.New("no synthesized template (cdk.out/*.template.json); run `make template` to synthesize it")
-
-// FindTemplate looks for cdk.out/*.template.json in dir and each of its parents and
-// returns the first found. More than one template in that cdk.out is an error.
-func FindTemplate(dir string) (string, error) {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return "", err
-	}
-	for d := dir; ; d = filepath.Dir(d) {
-		found, err := filepath.Glob(filepath.Join(d, "cdk.out", "*.template.json"))
-		if err != nil {
-			return "", err
-		}
-		switch len(found) {
-		case 0:
-		case 1:
-			return found[0], nil
-		default:
-			return "", fmt.Errorf("find template: more than one in %s: %v", filepath.Join(d, "cdk.out"), found)
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("%w (looked from %s up)", ErrNoTemplate, dir)
-		}
-	}
 }
 
 // Roles lists the logical ids of the template's AWS::IAM::Role resources, sorted.

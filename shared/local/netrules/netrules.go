@@ -36,9 +36,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -149,26 +149,6 @@ type Template struct {
 	vpcCIDR   netip.Prefix // the template's VPC's block; invalid if none
 }
 
-// Find looks for cdk.out/<stack>.template.json in the working folder and its parents.
-func Find(stack string) (string, error) {
-	rel := filepath.Join("cdk.out", stack+".template.json")
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("%s not found in this folder or a parent: run `make synth` at the repository root to synthesize it", rel)
-		}
-		dir = parent
-	}
-}
-
 // Load reads and parses the template at path.
 func Load(path string) (*Template, error) {
 	data, err := os.ReadFile(path)
@@ -183,9 +163,10 @@ func Load(path string) (*Template, error) {
 	return t, nil
 }
 
-// LoadDefault finds and loads the template of DefaultStack.
+// LoadDefault finds (cdkout.Find, from the working folder up) and loads the
+// synthesized template.
 func LoadDefault() (*Template, error) {
-	p, err := Find(DefaultStack)
+	p, err := cdkout.Find(".")
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package netrules
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"os"
 	"path/filepath"
 	"slices"
@@ -246,34 +247,12 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-func TestFind(t *testing.T) {
-	dir := t.TempDir()
-	deep := filepath.Join(dir, "a", "b")
-	if err := os.MkdirAll(filepath.Join(dir, "cdk.out"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(deep, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Chdir(deep)
-	if _, err := Find("S"); err == nil || !strings.Contains(err.Error(), "make synth") {
-		t.Errorf("Find with no template: %v, want an error saying to synthesize it", err)
-	}
-	want := filepath.Join(dir, "cdk.out", "S.template.json")
-	if err := os.WriteFile(want, []byte(`{}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := Find("S"); err != nil || got != want {
-		t.Errorf("Find = %q, %v; want %q", got, err, want)
-	}
-}
-
 // TestSynthesizedTemplate checks the template `make synth` wrote, when there is one:
 // it parses, and it admits every call the fleet's processes make to each other on
 // AWS. Each call is one the code makes; a missing rule here is a deploy whose
 // wakeups or handoffs would time out.
 func TestSynthesizedTemplate(t *testing.T) {
-	path, err := Find(DefaultStack)
+	path, err := cdkout.Find(".")
 	if err != nil {
 		t.Skipf("no synthesized template (%v)", err)
 	}
