@@ -44,7 +44,7 @@ var (
 	networkRules = flag.Bool("network-rules", true, "enforce the synthesized template's security group rules on the calls "+
 		"between the fleets' processes, as `make run` does (a refused call is reported: its figures would not hold on AWS)")
 	templatePath = flag.String("template", "", "the template whose network rules to enforce; default: cdk.out/"+
-		netrules.DefaultStack+".template.json in this folder or a parent (make synth)")
+		netrules.DefaultStack+".template.json in this folder or a parent (make template)")
 )
 
 var loadedTemplate struct {

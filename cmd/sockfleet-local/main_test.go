@@ -338,7 +338,7 @@ func TestNetworkRulesOption(t *testing.T) {
 	}
 	t.Chdir(t.TempDir()) // no cdk.out here or above
 	_, err = networkRules(options{network: true})
-	if err == nil || !strings.Contains(err.Error(), "make synth") {
+	if err == nil || !strings.Contains(err.Error(), "make template") {
 		t.Errorf("no cdk.out: %v; want an error saying to synthesize it", err)
 	}
 }

@@ -90,7 +90,7 @@ type fleetOptions struct {
 var (
 	netRules         = flag.Bool("netrules", true, "enforce the synthesized template's security group rules on calls between the fleet's processes")
 	netRulesTemplate = flag.String("netrules-template", "", "the template whose rules the fleets enforce; default: cdk.out/"+
-		netrules.DefaultStack+".template.json in this folder or a parent (make synth)")
+		netrules.DefaultStack+".template.json in this folder or a parent (make template)")
 )
 
 var loadedRules struct {
