@@ -297,7 +297,8 @@ func metric(addr, name string) (int64, error) {
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
-			return strconv.ParseInt(v, 10, 64)
+			x, err := strconv.ParseFloat(v, 64) // the exposition format writes 1e+06 for a million
+			return int64(x), err
 		}
 	}
 	return 0, fmt.Errorf("no metric %s", name)

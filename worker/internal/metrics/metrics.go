@@ -1,5 +1,5 @@
-// Package metrics holds the worker's counters, renders them as plain text for
-// GET /metrics, and writes CloudWatch Embedded Metric Format (EMF) lines (encoded by
+// Package metrics holds the worker's counters, serves them on GET /metrics through
+// the Prometheus client library (prometheus/client_golang), and writes CloudWatch Embedded Metric Format (EMF) lines (encoded by
 // shared/emf).
 //
 // Counters are monotonic since process start; the fields marked gauge are not. Nothing
@@ -9,9 +9,14 @@ package metrics
 import (
 	"fmt"
 	"io"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sockfleet/sockfleet/shared/emf"
 	"github.com/sockfleet/sockfleet/shared/schema"
@@ -75,69 +80,105 @@ type Counters struct {
 	StandbyOverflows atomic.Int64 // standbys given up because their buffer filled
 }
 
-// WriteText writes the counters as "name value" lines (Prometheus text format).
-func (c *Counters) WriteText(w io.Writer) error {
-	rows := []struct {
-		name string
-		v    *atomic.Int64
-	}{
-		{"sockfleet_owned_connections", &c.Owned},
-		{"sockfleet_acquisitions_total", &c.Acquisitions},
-		{"sockfleet_renew_failures_total", &c.RenewFailures},
-		{"sockfleet_leases_lost_total", &c.LeasesLost},
-		{"sockfleet_self_fences_total", &c.SelfFences},
-		{"sockfleet_releases_total", &c.Releases},
-		{"sockfleet_messages_total", &c.Messages},
-		{"sockfleet_bytes_total", &c.Bytes},
-		{"sockfleet_reconnects_total", &c.Reconnects},
-		{"sockfleet_dial_failures_total", &c.DialFailures},
-		{"sockfleet_sink_errors_total", &c.SinkErrors},
-		{"sockfleet_sink_retried_records_total", &c.SinkRetries},
-		{"sockfleet_sink_throttles_total", &c.SinkThrottles},
-		{"sockfleet_sink_writes_total", &c.SinkWrites},
-		{"sockfleet_sink_slow_writes_total", &c.SinkSlowWrites},
-		{"sockfleet_sink_slow_connections", &c.SinkSlow},
-		{"sockfleet_sink_queue_depth", &c.SinkQueued},
-		{"sockfleet_bad_messages_total", &c.BadMessages},
-		{"sockfleet_duplicates_dropped_total", &c.Duplicates},
-		{"sockfleet_wakeups_total", &c.Wakeups},
-		{"sockfleet_member_renew_failures_total", &c.MemberRenewFailures},
-		{"sockfleet_checkpoints_total", &c.Checkpoints},
-		{"sockfleet_backstop_reads_total", &c.BackstopReads},
-		{"sockfleet_backstop_read_milliunits_total", &c.BackstopReadUnits},
-		{"sockfleet_release_retries_total", &c.ReleaseRetries},
-		{"sockfleet_wakeups_refused_total", &c.WakeupsRefused},
-		{"sockfleet_registry_errors_total", &c.RegistryErrors},
-		{"sockfleet_lost_races_total", &c.LostRaces},
-		{"sockfleet_orphan_polls_total", &c.OrphanPolls},
-		{"sockfleet_seq_resets_total", &c.SeqResets},
-		{"sockfleet_seq_gaps_total", &c.SeqGaps},
-		{"sockfleet_seq_gap_missing_total", &c.SeqGapMissing},
-		{"sockfleet_over_limit_frames_total", &c.OverLimit},
-		{"sockfleet_bogus_seq_jumps_total", &c.BogusJumps},
-		{"sockfleet_open_failures_total", &c.OpenFailures},
-		{"sockfleet_idle_total", &c.Idle},
-		{"sockfleet_idle_connections", &c.IdleNow},
-		{"sockfleet_rotations_total", &c.Rotations},
-		{"sockfleet_rotation_overlap_sockets", &c.Overlap},
-		{"sockfleet_rotation_overlap_peak_sockets", &c.OverlapPeak},
-		{"sockfleet_quota_waits_total", &c.QuotaWaits},
-		{"sockfleet_quota_waiting", &c.QuotaWaiting},
-		{"sockfleet_secret_errors_total", &c.SecretErrors},
-		{"sockfleet_handoffs_total", &c.Handoffs},
-		{"sockfleet_handoff_fallbacks_total", &c.HandoffFallbacks},
-		{"sockfleet_handoffs_taken_total", &c.HandoffsTaken},
-		{"sockfleet_handoffs_adopted_total", &c.HandoffsAdopted},
-		{"sockfleet_standby_overflows_total", &c.StandbyOverflows},
-	}
-	for _, r := range rows {
-		if _, err := fmt.Fprintf(w, "%s %d\n", r.name, r.v.Load()); err != nil {
-			return err
+// A series is one metric of GET /metrics, read from one field of Counters at scrape
+// time. The names, and whether each is a counter or a gauge, are what the docs and
+// the benchmarks read (docs/SINKS.md, docs/CONNECTIONS.md, docs/HANDOFF.md).
+type series struct {
+	name, help string
+	gauge      bool
+	field      func(*Counters) *atomic.Int64
+}
+
+var table = []series{
+	{"sockfleet_owned_connections", "Leases held now.", true, func(c *Counters) *atomic.Int64 { return &c.Owned }},
+	{"sockfleet_acquisitions_total", "Leases acquired.", false, func(c *Counters) *atomic.Int64 { return &c.Acquisitions }},
+	{"sockfleet_renew_failures_total", "Lease renewals that failed.", false, func(c *Counters) *atomic.Int64 { return &c.RenewFailures }},
+	{"sockfleet_leases_lost_total", "Leases found held by another worker.", false, func(c *Counters) *atomic.Int64 { return &c.LeasesLost }},
+	{"sockfleet_self_fences_total", "Connections stopped because their lease could not be renewed in time.", false, func(c *Counters) *atomic.Int64 { return &c.SelfFences }},
+	{"sockfleet_releases_total", "Leases released.", false, func(c *Counters) *atomic.Int64 { return &c.Releases }},
+	{"sockfleet_messages_total", "Messages delivered to the sink and acknowledged.", false, func(c *Counters) *atomic.Int64 { return &c.Messages }},
+	{"sockfleet_bytes_total", "Payload bytes of the messages delivered.", false, func(c *Counters) *atomic.Int64 { return &c.Bytes }},
+	{"sockfleet_reconnects_total", "Dials after the first of a connection's life.", false, func(c *Counters) *atomic.Int64 { return &c.Reconnects }},
+	{"sockfleet_dial_failures_total", "Upstream dials that failed.", false, func(c *Counters) *atomic.Int64 { return &c.DialFailures }},
+	{"sockfleet_sink_errors_total", "Sink writes that failed (timeouts included).", false, func(c *Counters) *atomic.Int64 { return &c.SinkErrors }},
+	{"sockfleet_sink_retried_records_total", "Records a sink sent again after a partial failure (Kinesis).", false, func(c *Counters) *atomic.Int64 { return &c.SinkRetries }},
+	{"sockfleet_sink_throttles_total", "Sink calls refused for throughput (Kinesis).", false, func(c *Counters) *atomic.Int64 { return &c.SinkThrottles }},
+	{"sockfleet_sink_writes_total", "Sink writes finished, failed or not.", false, func(c *Counters) *atomic.Int64 { return &c.SinkWrites }},
+	{"sockfleet_sink_slow_writes_total", "Sink writes that held their connection back (status sink_slow).", false, func(c *Counters) *atomic.Int64 { return &c.SinkSlowWrites }},
+	{"sockfleet_sink_slow_connections", "Connections held back by a slow sink now.", true, func(c *Counters) *atomic.Int64 { return &c.SinkSlow }},
+	{"sockfleet_sink_queue_depth", "Messages read and not yet acknowledged by the sink.", true, func(c *Counters) *atomic.Int64 { return &c.SinkQueued }},
+	{"sockfleet_bad_messages_total", "Messages with no parsable sequence, or binary where a sequence is needed.", false, func(c *Counters) *atomic.Int64 { return &c.BadMessages }},
+	{"sockfleet_duplicates_dropped_total", "Messages at or below the sequence already delivered, dropped.", false, func(c *Counters) *atomic.Int64 { return &c.Duplicates }},
+	{"sockfleet_wakeups_total", "Authenticated wakeup requests.", false, func(c *Counters) *atomic.Int64 { return &c.Wakeups }},
+	{"sockfleet_member_renew_failures_total", "Membership renewals that failed.", false, func(c *Counters) *atomic.Int64 { return &c.MemberRenewFailures }},
+	{"sockfleet_checkpoints_total", "Checkpoint writes.", false, func(c *Counters) *atomic.Int64 { return &c.Checkpoints }},
+	{"sockfleet_backstop_reads_total", "BatchGetItem requests of the backstop.", false, func(c *Counters) *atomic.Int64 { return &c.BackstopReads }},
+	{"sockfleet_backstop_read_milliunits_total", "Read units of the backstop, in thousandths.", false, func(c *Counters) *atomic.Int64 { return &c.BackstopReadUnits }},
+	{"sockfleet_release_retries_total", "Releases retried after a failure.", false, func(c *Counters) *atomic.Int64 { return &c.ReleaseRetries }},
+	{"sockfleet_wakeups_refused_total", "Wakeup and handoff requests refused (401, 400, 413, 503).", false, func(c *Counters) *atomic.Int64 { return &c.WakeupsRefused }},
+	{"sockfleet_registry_errors_total", "Worker registry calls that failed.", false, func(c *Counters) *atomic.Int64 { return &c.RegistryErrors }},
+	{"sockfleet_lost_races_total", "Acquires refused because another worker holds the lease.", false, func(c *Counters) *atomic.Int64 { return &c.LostRaces }},
+	{"sockfleet_orphan_polls_total", "Polling mode: index queries for orphans.", false, func(c *Counters) *atomic.Int64 { return &c.OrphanPolls }},
+	{"sockfleet_seq_resets_total", "Upstream numbering restarts (accepted or halted).", false, func(c *Counters) *atomic.Int64 { return &c.SeqResets }},
+	{"sockfleet_seq_gaps_total", "Forward gaps in the upstream's numbering.", false, func(c *Counters) *atomic.Int64 { return &c.SeqGaps }},
+	{"sockfleet_seq_gap_missing_total", "Sequences skipped over by those gaps.", false, func(c *Counters) *atomic.Int64 { return &c.SeqGapMissing }},
+	{"sockfleet_over_limit_frames_total", "Frames over the read limit (also counted as bad).", false, func(c *Counters) *atomic.Int64 { return &c.OverLimit }},
+	{"sockfleet_bogus_seq_jumps_total", "Sequences further than max_seq_jump ahead (also counted as bad).", false, func(c *Counters) *atomic.Int64 { return &c.BogusJumps }},
+	{"sockfleet_open_failures_total", "Open-message replies or keepalive pongs missing in time.", false, func(c *Counters) *atomic.Int64 { return &c.OpenFailures }},
+	{"sockfleet_idle_total", "Times a connection went idle (no data for idle_timeout).", false, func(c *Counters) *atomic.Int64 { return &c.Idle }},
+	{"sockfleet_idle_connections", "Connections idle now.", true, func(c *Counters) *atomic.Int64 { return &c.IdleNow }},
+	{"sockfleet_rotations_total", "Sockets replaced make-before-break (max_lifetime or announced shutdown).", false, func(c *Counters) *atomic.Int64 { return &c.Rotations }},
+	{"sockfleet_rotation_overlap_sockets", "Extra sockets held now while rotating.", true, func(c *Counters) *atomic.Int64 { return &c.Overlap }},
+	{"sockfleet_rotation_overlap_peak_sockets", "The most extra sockets held at once while rotating.", true, func(c *Counters) *atomic.Int64 { return &c.OverlapPeak }},
+	{"sockfleet_quota_waits_total", "Dials that waited for the per-host connect quota.", false, func(c *Counters) *atomic.Int64 { return &c.QuotaWaits }},
+	{"sockfleet_quota_waiting", "Dials waiting for the connect quota now.", true, func(c *Counters) *atomic.Int64 { return &c.QuotaWaiting }},
+	{"sockfleet_secret_errors_total", "Secret references that could not be resolved.", false, func(c *Counters) *atomic.Int64 { return &c.SecretErrors }},
+	{"sockfleet_handoffs_total", "Leases this worker transferred to another.", false, func(c *Counters) *atomic.Int64 { return &c.Handoffs }},
+	{"sockfleet_handoff_fallbacks_total", "Handoffs that ended in a release instead.", false, func(c *Counters) *atomic.Int64 { return &c.HandoffFallbacks }},
+	{"sockfleet_handoffs_taken_total", "Leases taken over from a committed standby.", false, func(c *Counters) *atomic.Int64 { return &c.HandoffsTaken }},
+	{"sockfleet_handoffs_adopted_total", "Leases taken up from the table (no usable standby, or no commit).", false, func(c *Counters) *atomic.Int64 { return &c.HandoffsAdopted }},
+	{"sockfleet_standby_overflows_total", "Standbys given up because their buffer filled.", false, func(c *Counters) *atomic.Int64 { return &c.StandbyOverflows }},
+}
+
+// Register registers every series of c with r: counters and gauges whose value is
+// read from c at scrape time. The message path keeps its one atomic add per counter;
+// nothing is allocated or looked up per message.
+func (c *Counters) Register(r prometheus.Registerer) error {
+	cs := make([]prometheus.Collector, 0, len(table)+1)
+	for _, s := range table {
+		v := s.field(c)
+		opts := prometheus.Opts{Name: s.name, Help: s.help}
+		read := func() float64 { return float64(v.Load()) }
+		if s.gauge {
+			cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts(opts), read))
+		} else {
+			cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts(opts), read))
 		}
 	}
 	// With sockfleet_sink_writes_total, the mean sink latency.
-	_, err := fmt.Fprintf(w, "sockfleet_sink_write_seconds_total %.6f\n", float64(c.SinkWriteNanos.Load())/1e9)
-	return err
+	cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sockfleet_sink_write_seconds_total",
+		Help: "Total duration of the sink writes, in seconds.",
+	}, func() float64 { return float64(c.SinkWriteNanos.Load()) / 1e9 }))
+	for _, col := range cs {
+		if err := r.Register(col); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return nil
+}
+
+// Handler serves GET /metrics: c's series, and the Go runtime's and the process's
+// (go_*, process_*), in the Prometheus exposition format the client asks for (text by
+// default). It panics only if the series table is broken (a name twice, an invalid
+// name), which TestRegisterPedantic catches.
+func Handler(c *Counters) http.Handler {
+	reg := prometheus.NewRegistry()
+	if err := c.Register(reg); err != nil {
+		panic(err)
+	}
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }
 
 // EMF writes CloudWatch Embedded Metric Format lines, one JSON object per line, to W

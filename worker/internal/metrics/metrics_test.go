@@ -3,9 +3,13 @@ package metrics
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestEMFLine(t *testing.T) {
@@ -26,18 +30,97 @@ func TestEMFLine(t *testing.T) {
 	nilEMF.Put("x", 1) // no writer configured: a no-op
 }
 
-func TestWriteText(t *testing.T) {
+// Every series of /metrics keeps the name and type the docs and the benchmarks read
+// (testdata/series.golden, one "name type" line each, in the order of the old
+// hand-written text), and the registry's own consistency checks pass.
+func TestRegisterPedantic(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
 	var c Counters
-	c.Owned.Store(3)
-	c.SelfFences.Add(1)
-	var buf bytes.Buffer
-	if err := c.WriteText(&buf); err != nil {
+	if err := c.Register(reg); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"sockfleet_owned_connections 3\n", "sockfleet_self_fences_total 1\n", "sockfleet_messages_total 0\n"} {
-		if !strings.Contains(buf.String(), want) {
-			t.Errorf("missing %q in\n%s", want, buf.String())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = strings.ToLower(mf.GetType().String())
+		if mf.GetHelp() == "" || len(mf.GetMetric()) != 1 || len(mf.GetMetric()[0].GetLabel()) != 0 {
+			t.Errorf("%s: want help text and one series without labels: %v", mf.GetName(), mf)
 		}
+	}
+	golden, err := os.ReadFile("testdata/series.golden")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(golden)), "\n") {
+		name, typ, _ := strings.Cut(l, " ")
+		want[name] = typ
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("series differ from testdata/series.golden:\ngot  %v\nwant %v", got, want)
+	}
+	// The same counters twice in one registry: a clear error, not a panic.
+	if err := c.Register(reg); err == nil || !strings.Contains(err.Error(), "register metrics") {
+		t.Errorf("second registration: %v", err)
+	}
+}
+
+// A scrape reads the counters as they are now: values move between scrapes, and
+// the sink time is reported in seconds.
+func TestRegisterReadsLiveValues(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var c Counters
+	if err := c.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	value := func(name string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				m := mf.GetMetric()[0]
+				if m.GetGauge() != nil {
+					return m.GetGauge().GetValue()
+				}
+				return m.GetCounter().GetValue()
+			}
+		}
+		t.Fatalf("no series %s", name)
+		return 0
+	}
+	c.Owned.Store(3)
+	c.SinkWriteNanos.Add(1_500_000_000)
+	if v := value("sockfleet_owned_connections"); v != 3 {
+		t.Errorf("owned %v, want 3", v)
+	}
+	if v := value("sockfleet_sink_write_seconds_total"); v != 1.5 {
+		t.Errorf("sink seconds %v, want 1.5", v)
+	}
+	c.Owned.Add(-1)
+	c.Messages.Add(1 << 40)
+	if v := value("sockfleet_owned_connections"); v != 2 {
+		t.Errorf("owned %v after a release, want 2", v)
+	}
+	if v := value("sockfleet_messages_total"); v != 1<<40 {
+		t.Errorf("messages %v, want %d", v, 1<<40)
+	}
+}
+
+// Counting on the message path allocates nothing.
+func TestCountingAllocatesNothing(t *testing.T) {
+	var c Counters
+	if n := testing.AllocsPerRun(1000, func() {
+		c.Messages.Add(1)
+		c.Bytes.Add(100)
+		c.SinkQueued.Add(-1)
+	}); n != 0 {
+		t.Errorf("%v allocations per message", n)
 	}
 }
 

@@ -70,10 +70,7 @@ func (s *Server) Handler() http.Handler {
 		mux.HandleFunc("POST "+peer.Path, s.handoff)
 	}
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_ = s.Metrics.WriteText(w)
-	})
+	mux.Handle("GET /metrics", metrics.Handler(s.Metrics))
 	return mux
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/secrets"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
@@ -208,11 +209,11 @@ func TestSecretHeaderReachesHandshakeOnly(t *testing.T) {
 	waitFor(t, 5*time.Second, "messages", func() bool { return len(snk.seqs()) >= 20 })
 	stop(ErrGraceful)
 	contiguous(t, snk.seqs(), 1)
-	var text bytes.Buffer
-	_ = cfg.Metrics.WriteText(&text)
+	text := httptest.NewRecorder()
+	metrics.Handler(cfg.Metrics).ServeHTTP(text, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	logMu.Lock()
 	defer logMu.Unlock()
-	for what, got := range map[string]string{"logs": logs.String(), "status": s.Status().Error, "metrics": text.String()} {
+	for what, got := range map[string]string{"logs": logs.String(), "status": s.Status().Error, "metrics": text.Body.String()} {
 		if strings.Contains(got, value) || strings.Contains(got, "wrong-value-1") {
 			t.Fatalf("a secret value appears in the %s: %s", what, got)
 		}
