@@ -65,7 +65,11 @@ type Counters struct {
 	OverlapPeak   atomic.Int64 // the most extra sockets held at once while rotating
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
-	SecretErrors  atomic.Int64 // secret references that could not be resolved
+	// QuotaFallbacks: dials admitted by the per-worker limit because the table
+	// (the fleet-wide quota) could not be reached.
+	QuotaFallbacks atomic.Int64
+	RateLimited    atomic.Int64 // handshakes answered 429 or 418 (rate limited or banned)
+	SecretErrors   atomic.Int64 // secret references that could not be resolved
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -123,6 +127,8 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_rotation_overlap_peak_sockets", &c.OverlapPeak},
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
+		{"sockfleet_quota_fallbacks_total", &c.QuotaFallbacks},
+		{"sockfleet_rate_limited_total", &c.RateLimited},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},
 		{"sockfleet_handoffs_total", &c.Handoffs},
 		{"sockfleet_handoff_fallbacks_total", &c.HandoffFallbacks},

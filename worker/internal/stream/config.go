@@ -51,7 +51,10 @@ type Config struct {
 
 	CloseWait time.Duration // how long a stop waits for the close handshake; default 1s
 	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
-	Quota     *Quota        // per-host connect quota; nil: none
+	Quota     *Quota        // per-host connect quota of this worker; nil: none
+	// Gate admits dials per host (quota and 429 holds). Default: a LocalGate over
+	// Quota; a worker with a table uses a TableGate, shared by the fleet.
+	Gate Gate
 
 	Sink    sink.Sink
 	Metrics *metrics.Counters
@@ -100,6 +103,9 @@ func (c *Config) Fill() error {
 	}
 	if c.Resume.Kind == "" {
 		c.Resume, _ = ParseResume(DefaultResume)
+	}
+	if c.Gate == nil {
+		c.Gate = &LocalGate{Quota: c.Quota}
 	}
 	if c.Jitter == nil {
 		c.Jitter = rand.Float64

@@ -217,6 +217,13 @@ func (s *Stream) Run(ctx context.Context) {
 		}
 		wait := Backoff(failures, s.cfg.BackoffMin, cap, s.cfg.Jitter())
 		failures++
+		var limited *rateLimitedError
+		if errors.As(err, &limited) {
+			// No sooner than the upstream asked (its Retry-After), nor than the
+			// backoff: a run of 429s saying "Retry-After: 0" still backs off.
+			state = schema.StatusRateLimited
+			wait = max(wait, time.Until(limited.until))
+		}
 		s.setStatus(state, err)
 		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "status", state, "err", err, "wait", wait)
 		woken, err := sleep(ctx, wait, s.redial)
