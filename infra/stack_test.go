@@ -1114,3 +1114,27 @@ func TestWorkersBelowDesiredAlarm(t *testing.T) {
 		t.Error("the alarm notifies nobody")
 	}
 }
+
+// The worker's UpdateItem reaches only connection, worker and connect-quota items:
+// one statement, on the base table, with the dynamodb:LeadingKeys condition; no
+// other task role statement grants UpdateItem.
+func TestWorkerUpdateOnlyItsKeys(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var found []statement
+	for _, s := range roleStatements(j)[x.taskRole] {
+		if slices.Contains(s.actions, "dynamodb:UpdateItem") {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("task role statements with UpdateItem: %+v; want one", found)
+	}
+	s := found[0]
+	wantSame(t, "actions", s.actions, []string{"dynamodb:UpdateItem"})
+	wantSame(t, "resource", s.resource, getAtt(x.table, "Arn"))
+	wantSame(t, "condition", s.condition, obj{
+		"ForAllValues:StringLike": obj{"dynamodb:LeadingKeys": []any{
+			schema.ConnPrefix + "*", schema.WorkerPrefix + "*", schema.QuotaPrefix + "*"}},
+	})
+}
