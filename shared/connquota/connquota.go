@@ -134,7 +134,8 @@ func (s *Store) update(host string, sameWindow bool, start int64, n int, now tim
 		in.UpdateExpression = aws.String("ADD #d :one SET #t = :ttl")
 		in.ConditionExpression = aws.String("#w = :w AND #d < :n AND " + notHeld)
 	} else {
-		in.UpdateExpression = aws.String("SET #w = :w, #d = :one, #b = :now, #t = :ttl")
+		vals[":zero"] = codec.N(0) // no hold (also repairs a mistyped one)
+		in.UpdateExpression = aws.String("SET #w = :w, #d = :one, #b = :zero, #t = :ttl")
 		in.ConditionExpression = aws.String("(attribute_not_exists(#w) OR NOT attribute_type(#w, :num) OR #w < :w) AND " + notHeld)
 	}
 	return in
