@@ -52,8 +52,9 @@ type Config struct {
 	CloseWait time.Duration // how long a stop waits for the close handshake; default 1s
 	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
 	Quota     *Quota        // per-host connect quota of this worker; nil: none
-	// Gate admits dials per host (quota and 429 holds). Default: a LocalGate over
-	// Quota; a worker with a table uses a TableGate, shared by the fleet.
+	// Gate admits dials per host (quota and 429 holds); a worker with a table uses a
+	// TableGate, shared by the fleet. nil: Quota alone, and a 429's Retry-After holds
+	// back only the stream that got it.
 	Gate Gate
 
 	Sink    sink.Sink
@@ -104,9 +105,6 @@ func (c *Config) Fill() error {
 	if c.Resume.Kind == "" {
 		c.Resume, _ = ParseResume(DefaultResume)
 	}
-	if c.Gate == nil {
-		c.Gate = &LocalGate{Quota: c.Quota}
-	}
 	if c.Jitter == nil {
 		c.Jitter = rand.Float64
 	}
@@ -136,6 +134,13 @@ func (c *Config) Fill() error {
 		}
 	}
 	return nil
+}
+
+func (c *Config) gate() Gate {
+	if c.Gate != nil {
+		return c.Gate
+	}
+	return &LocalGate{Quota: c.Quota}
 }
 
 // Secrets resolves the {{secret:…}} references of a spec (see package secrets) for

@@ -219,7 +219,7 @@ func (s *Stream) waitQuota(ctx context.Context, target string) (func(), error) {
 	host := hostOf(target)
 	prev, waited := s.Status(), false
 	for {
-		a := s.cfg.Gate.Admit(ctx, host, time.Now())
+		a := s.cfg.gate().Admit(ctx, host, time.Now())
 		if a.Done != nil {
 			if waited {
 				s.status.Store(&prev)

@@ -37,7 +37,7 @@ func (s *Stream) rateLimited(ctx context.Context, host, raw string, err error) e
 		return &rateLimitedError{why: perr.Error() + "; backing off", err: err}
 	}
 	until := now.Add(d)
-	s.cfg.Gate.Hold(ctx, host, until)
+	s.cfg.gate().Hold(ctx, host, until)
 	why := fmt.Sprintf("retry after %s", d.Round(time.Second))
 	if capped {
 		why += fmt.Sprintf(" (Retry-After %q capped at %s)", raw, MaxRetryAfter)
