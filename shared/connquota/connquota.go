@@ -65,6 +65,17 @@ type Verdict struct {
 	// Retry: not admitted (window full, or the caller's clock behind the item's
 	// window); ask again at Retry.
 	Retry time.Time
+	// WindowEnd: when the window an admitted dial was counted in ends.
+	WindowEnd time.Time
+}
+
+// Window returns the window of the given length that now falls in: windows are
+// aligned to multiples of their length (in whole milliseconds) since the Unix epoch,
+// so every worker computes the same ones.
+func Window(now time.Time, length time.Duration) (start, end time.Time) {
+	ms := max(length.Milliseconds(), 1)
+	s := now.UnixMilli() / ms * ms
+	return time.UnixMilli(s), time.UnixMilli(s + ms)
 }
 
 // Admit counts one dial to host at now against n per window, fleet-wide. n = 0
@@ -76,12 +87,8 @@ func (s *Store) Admit(ctx context.Context, host string, n int, window time.Durat
 	if n == 0 {
 		return s.held(ctx, host, now)
 	}
-	wms := window.Milliseconds()
-	if wms <= 0 {
-		wms = 1
-	}
-	start := now.UnixMilli() / wms * wms
-	end := time.UnixMilli(start + wms)
+	startT, end := Window(now, window)
+	start := startT.UnixMilli()
 	ttl := end.Add(ttlMargin).Unix()
 	// Two shapes of write: count in the current window, or open a new one. Each
 	// failure says (from the old image) which one applies; three tries cover a
@@ -95,7 +102,7 @@ func (s *Store) Admit(ctx context.Context, host string, n int, window time.Durat
 			if err != nil {
 				return Verdict{}, fmt.Errorf("admit %s: %w", host, err)
 			}
-			return Verdict{Admitted: true}, nil
+			return Verdict{Admitted: true, WindowEnd: end}, nil
 		}
 		old := decode(ccf.Item)
 		switch {

@@ -9,12 +9,11 @@ import (
 )
 
 // connectGate shares the connect quota (q, nil: none) and the upstreams' 429 holds
-// with the whole fleet through the table; q also bounds each worker on its own when
-// the table cannot be reached (see stream.TableGate).
+// with the whole fleet through the table (see stream.TableGate).
 func connectGate(db DB, table string, q *wstream.Quota, m *metrics.Counters, log *slog.Logger) wstream.Gate {
 	g := &wstream.TableGate{
 		Store:   &connquota.Store{DB: db, Table: table},
-		Local:   &wstream.LocalGate{Quota: q},
+		Local:   &wstream.LocalGate{},
 		Metrics: m,
 		Log:     log,
 	}

@@ -65,11 +65,11 @@ type Counters struct {
 	OverlapPeak   atomic.Int64 // the most extra sockets held at once while rotating
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
-	// QuotaFallbacks: dials admitted by the per-worker limit because the table
-	// (the fleet-wide quota) could not be reached.
-	QuotaFallbacks atomic.Int64
-	RateLimited    atomic.Int64 // handshakes answered 429 or 418 (rate limited or banned)
-	SecretErrors   atomic.Int64 // secret references that could not be resolved
+	// QuotaTableErrors: admissions the table (the fleet-wide quota and the 429
+	// holds) could not answer.
+	QuotaTableErrors atomic.Int64
+	RateLimited      atomic.Int64 // handshakes answered 429 or 418 (rate limited or banned)
+	SecretErrors     atomic.Int64 // secret references that could not be resolved
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -127,7 +127,7 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_rotation_overlap_peak_sockets", &c.OverlapPeak},
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
-		{"sockfleet_quota_fallbacks_total", &c.QuotaFallbacks},
+		{"sockfleet_quota_table_errors_total", &c.QuotaTableErrors},
 		{"sockfleet_rate_limited_total", &c.RateLimited},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},
 		{"sockfleet_handoffs_total", &c.Handoffs},

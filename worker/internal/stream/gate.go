@@ -105,47 +105,73 @@ type QuotaStore interface {
 // TableGate shares the connect quota (N dials per window W per host, N = 0: none)
 // and the holds with every worker through the table: one conditional write per
 // admitted dial (one read per dial without a quota). What it learned (a hold, a full
-// window) it keeps until then, so the worker's other streams wait without asking.
+// window) it keeps until then, so the worker's other streams wait without asking,
+// and it asks the table for one dial of a host at a time: at most one refused
+// write per worker, host and window.
 //
-// When the table cannot be reached, a dial falls back to Local: the same quota per
-// worker, and the holds this worker knows. It fails open because a worker that
-// cannot reach the table cannot renew its leases either and stops within its lease
-// anyway; meanwhile its connections keep streaming within the per-worker limit,
-// rather than a table outage becoming a feed outage.
+// When the table cannot be reached (an error or Timeout), a dial under a quota
+// waits and asks again, saying so in the status: the quota exists to keep the
+// fleet's address from being banned, and admitting on a per-worker guess would let
+// W workers dial W-fold exactly when the table is slow, as a mass failover makes it.
+// A worker that cannot reach the table cannot renew its leases either, and gives
+// them up within its lease. Without a quota the hold check is best effort: the dial
+// goes (holds this worker learned still apply).
 type TableGate struct {
 	Store   QuotaStore
 	N       int
 	W       time.Duration // required when N > 0
-	Local   *LocalGate    // the fallback, and the holds and full windows learned
+	Local   *LocalGate    // the holds learned (its Quota is not used)
 	Timeout time.Duration // one table call; default 2s
 	Metrics *metrics.Counters
 	Log     *slog.Logger
 
-	mu   sync.Mutex
-	full map[string]time.Time // host → end of a window known full
+	mu    sync.Mutex
+	full  map[string]time.Time     // host → end of a window known full
+	turns map[string]chan struct{} // host → its one table call at a time
 }
 
 // Admit implements Gate.
 func (g *TableGate) Admit(ctx context.Context, host string, now time.Time) Admission {
-	if until, ok := g.Local.held(host, now); ok {
-		return Admission{Retry: until, Why: &HeldError{Host: host, Until: until}}
+	if a, ok := g.known(host, now); ok {
+		return a
 	}
-	if end, ok := g.knownFull(host, now); ok {
+	turn := g.turn(host)
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return Admission{Retry: now, Why: ctx.Err()}
+	}
+	defer func() { <-turn }()
+	now = time.Now() // the turn may have taken a while; what others learned meanwhile counts
+	if a, ok := g.known(host, now); ok {
+		return a
+	}
+	guard := g.guard()
+	if _, end := connquota.Window(now, g.window()); g.N > 0 && !now.Add(guard).Before(end) {
 		return Admission{Retry: end, Why: quotaWaitError(host, g.N, g.W)}
 	}
 	tctx, cancel := context.WithTimeout(ctx, g.timeout())
 	v, err := g.Store.Admit(tctx, host, g.N, g.window(), now)
 	cancel()
+	if v.Admitted && g.N > 0 && !time.Now().Add(guard).Before(v.WindowEnd) {
+		// Counted, but answered too close to its window's end for the dial to land in
+		// it: the slot is left unused rather than the next window overrun.
+		return Admission{Retry: v.WindowEnd, Why: quotaWaitError(host, g.N, g.W)}
+	}
 	switch {
+	case err != nil && ctx.Err() != nil:
+		return Admission{Retry: now, Why: ctx.Err()}
 	case err != nil:
-		if ctx.Err() != nil {
-			return Admission{Retry: now, Why: ctx.Err()}
-		}
 		if g.Metrics != nil {
-			g.Metrics.QuotaFallbacks.Add(1)
+			g.Metrics.QuotaTableErrors.Add(1)
 		}
-		g.log().Warn("connect quota: table unreachable; admitting within the per-worker limit", "host", host, "err", err)
-		return g.Local.Admit(ctx, host, now)
+		if g.N == 0 {
+			g.log().Warn("connect gate: could not read the host's hold; dialing", "host", host, "err", err)
+			return g.Local.Admit(ctx, host, now)
+		}
+		g.log().Warn("connect quota: table unreachable; the dial waits", "host", host, "err", err)
+		return Admission{Retry: now.Add(min(g.W/10, time.Second)),
+			Why: fmt.Errorf("waiting for the connect quota of %s (%d per %s): %w", host, g.N, g.W, err)}
 	case v.Admitted:
 		return Admission{Done: func() {}}
 	case !v.HeldUntil.IsZero():
@@ -160,6 +186,31 @@ func (g *TableGate) Admit(ctx context.Context, host string, now time.Time) Admis
 		g.mu.Unlock()
 		return Admission{Retry: v.Retry, Why: quotaWaitError(host, g.N, g.W)}
 	}
+}
+
+// known answers from what this worker learned: a hold, or a window known full.
+func (g *TableGate) known(host string, now time.Time) (Admission, bool) {
+	if until, ok := g.Local.held(host, now); ok {
+		return Admission{Retry: until, Why: &HeldError{Host: host, Until: until}}, true
+	}
+	if end, ok := g.knownFull(host, now); ok {
+		return Admission{Retry: end, Why: quotaWaitError(host, g.N, g.W)}, true
+	}
+	return Admission{}, false
+}
+
+func (g *TableGate) turn(host string) chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.turns == nil {
+		g.turns = map[string]chan struct{}{}
+	}
+	t := g.turns[host]
+	if t == nil {
+		t = make(chan struct{}, 1)
+		g.turns[host] = t
+	}
+	return t
 }
 
 func (g *TableGate) knownFull(host string, now time.Time) (time.Time, bool) {
@@ -190,6 +241,11 @@ func (g *TableGate) timeout() time.Duration {
 	}
 	return 2 * time.Second
 }
+
+// guard is how long before its window's end a dial is no longer admitted: the upstream
+// counts a dial when it arrives, after the admission, and that must be in the same
+// window. A tenth of the window, at most 1 s (a connect and the handshake's request).
+func (g *TableGate) guard() time.Duration { return min(g.W/10, time.Second) }
 
 func (g *TableGate) window() time.Duration {
 	if g.W > 0 {
