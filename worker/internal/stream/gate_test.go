@@ -2,6 +2,7 @@ package stream
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -184,6 +185,39 @@ func TestBadRetryAfterBacksOff(t *testing.T) {
 			up.Refuse("", 0)
 			// Backs off (testConfig: 20 ms to 200 ms), far less than any hold.
 			waitFor(t, 3*time.Second, "streaming", func() bool { return s.Status().State == "streaming" })
+		})
+	}
+}
+
+// A table that cannot be reached: under a quota the dial waits and says why (the
+// quota would otherwise be a per-worker guess); without one it dials.
+func TestUnreachableTable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now: every call is refused
+	env := &ddbtest.Env{Endpoint: dead, Table: "unreachable"}
+	for _, n := range []int{5, 0} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
+			up := upstream(t, demoupstream.Config{Rate: 50})
+			cfg := fleetConfig(t, env, n, time.Minute)
+			cfg.Gate.(*TableGate).Timeout = 200 * time.Millisecond
+			s := New(cfg, "c", up.URL("c"), 0)
+			defer run(s)(ErrGraceful)
+			if n == 0 {
+				waitFor(t, 5*time.Second, "streaming", func() bool { return s.Status().State == "streaming" })
+				return
+			}
+			waitFor(t, 5*time.Second, "waiting", func() bool { return s.Status().State == schema.StatusQuotaWait })
+			if st := s.Status(); !strings.Contains(st.Error, "waiting for the connect quota of 127.0.0.1 (5 per 1m0s): admit 127.0.0.1:") {
+				t.Fatalf("status %+v", st)
+			}
+			time.Sleep(time.Second)
+			if st := up.Stats("c"); st.Connects != 0 || cfg.Metrics.QuotaTableErrors.Load() < 2 {
+				t.Fatalf("connects %d, table errors %d", st.Connects, cfg.Metrics.QuotaTableErrors.Load())
+			}
 		})
 	}
 }
