@@ -27,8 +27,8 @@
 // counted.go holds what counter mode (no sequence path) does instead: break-before-
 // make, reading each socket to the upstream's close reply; seq.go follows the
 // upstream's numbering; gate.go admits dials per host (the connect quota, shared by
-// the fleet through the table) and ratelimit.go honours a 429's Retry-After; config.go and factory.go hold the settings and make a
-// worker's streams.
+// the fleet through the table) and ratelimit.go honours a 429's Retry-After;
+// config.go and factory.go hold the settings and make a worker's streams.
 package stream
 
 import (
