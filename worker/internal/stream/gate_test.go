@@ -214,9 +214,11 @@ func TestUnreachableTable(t *testing.T) {
 			if st := s.Status(); !strings.Contains(st.Error, "waiting for the connect quota of 127.0.0.1 (5 per 1m0s): admit 127.0.0.1:") {
 				t.Fatalf("status %+v", st)
 			}
-			time.Sleep(time.Second)
-			if st := up.Stats("c"); st.Connects != 0 || cfg.Metrics.QuotaTableErrors.Load() < 2 {
-				t.Fatalf("connects %d, table errors %d", st.Connects, cfg.Metrics.QuotaTableErrors.Load())
+			// It asks again (a second later: a tenth of the window, at most 1 s), and
+			// still does not dial.
+			waitFor(t, 5*time.Second, "asked again", func() bool { return cfg.Metrics.QuotaTableErrors.Load() >= 2 })
+			if st := up.Stats("c"); st.Connects != 0 || st.Refused != 0 || s.Status().State != schema.StatusQuotaWait {
+				t.Fatalf("connects %d, refused %d, status %+v", st.Connects, st.Refused, s.Status())
 			}
 		})
 	}
