@@ -19,10 +19,15 @@ import (
 var quotaWorkers = flag.Int("quota.workers", 5, "workers sharing the connect quota through the table in BenchmarkFleetQuotaFailover")
 
 // countingDB counts the quota store's writes (conditional failures included: they
-// are billed too).
+// are billed too) and reads.
 type countingDB struct {
 	connquota.DB
-	writes atomic.Int64
+	writes, reads atomic.Int64
+}
+
+func (c *countingDB) GetItem(ctx context.Context, in *dynamodb.GetItemInput, o ...func(*dynamodb.Options)) (*dynamodb.GetItemOutput, error) {
+	c.reads.Add(1)
+	return c.DB.GetItem(ctx, in, o...)
 }
 
 func (c *countingDB) UpdateItem(ctx context.Context, in *dynamodb.UpdateItemInput, o ...func(*dynamodb.Options)) (*dynamodb.UpdateItemOutput, error) {

@@ -104,10 +104,10 @@ type QuotaStore interface {
 
 // TableGate shares the connect quota (N dials per window W per host, N = 0: none)
 // and the holds with every worker through the table: one conditional write per
-// admitted dial (one read per dial without a quota). What it learned (a hold, a full
-// window) it keeps until then, so the worker's other streams wait without asking,
-// and it asks the table for one dial of a host at a time: at most one refused
-// write per worker, host and window.
+// admitted dial (without a quota, one read per host and second: clearFor). What it
+// learned (a hold, a full window) it keeps until then, so the worker's other streams
+// wait without asking, and it asks the table for one dial of a host at a time: at
+// most one refused write per worker, host and window.
 //
 // When the table cannot be reached (an error or Timeout), a dial under a quota
 // waits and asks again, saying so in the status: the quota exists to keep the
@@ -127,8 +127,14 @@ type TableGate struct {
 
 	mu    sync.Mutex
 	full  map[string]time.Time     // host → end of a window known full
+	clear map[string]time.Time     // N = 0: host → until when it is known not held
 	turns map[string]chan struct{} // host → its one table call at a time
 }
+
+// clearFor is how long, without a quota, a read that found no hold stands for the
+// worker's other dials to that host: a mass failover reads each host once a second,
+// not once per dial, and a hold another worker wrote reaches this one within it.
+const clearFor = time.Second
 
 // Admit implements Gate.
 func (g *TableGate) Admit(ctx context.Context, host string, now time.Time) Admission {
@@ -173,6 +179,14 @@ func (g *TableGate) Admit(ctx context.Context, host string, now time.Time) Admis
 		return Admission{Retry: now.Add(min(g.W/10, time.Second)),
 			Why: fmt.Errorf("waiting for the connect quota of %s (%d per %s): %w", host, g.N, g.W, err)}
 	case v.Admitted:
+		if g.N == 0 {
+			g.mu.Lock()
+			if g.clear == nil {
+				g.clear = map[string]time.Time{}
+			}
+			g.clear[host] = now.Add(clearFor)
+			g.mu.Unlock()
+		}
 		return Admission{Done: func() {}}
 	case !v.HeldUntil.IsZero():
 		g.Local.Hold(ctx, host, v.HeldUntil)
@@ -188,13 +202,25 @@ func (g *TableGate) Admit(ctx context.Context, host string, now time.Time) Admis
 	}
 }
 
-// known answers from what this worker learned: a hold, or a window known full.
+// known answers from what this worker learned: a hold, a window known full, or (no
+// quota) a host read a moment ago and not held.
 func (g *TableGate) known(host string, now time.Time) (Admission, bool) {
 	if until, ok := g.Local.held(host, now); ok {
 		return Admission{Retry: until, Why: &HeldError{Host: host, Until: until}}, true
 	}
-	if end, ok := g.knownFull(host, now); ok {
-		return Admission{Retry: end, Why: quotaWaitError(host, g.N, g.W)}, true
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if end, ok := g.full[host]; ok {
+		if now.Before(end) {
+			return Admission{Retry: end, Why: quotaWaitError(host, g.N, g.W)}, true
+		}
+		delete(g.full, host)
+	}
+	if until, ok := g.clear[host]; ok {
+		if now.Before(until) {
+			return Admission{Done: func() {}}, true
+		}
+		delete(g.clear, host)
 	}
 	return Admission{}, false
 }
@@ -211,17 +237,6 @@ func (g *TableGate) turn(host string) chan struct{} {
 		g.turns[host] = t
 	}
 	return t
-}
-
-func (g *TableGate) knownFull(host string, now time.Time) (time.Time, bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	end, ok := g.full[host]
-	if ok && !now.Before(end) {
-		delete(g.full, host)
-		return time.Time{}, false
-	}
-	return end, ok
 }
 
 // Hold implements Gate: this worker holds at once; the others learn it at their

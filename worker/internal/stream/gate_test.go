@@ -223,3 +223,31 @@ func TestUnreachableTable(t *testing.T) {
 		})
 	}
 }
+
+// Without a quota, a mass failover reads a host's hold once (per second), not once
+// per dial, and writes nothing.
+func TestNoQuotaReadsOncePerHost(t *testing.T) {
+	env := ddbtest.New(t)
+	up := upstream(t, demoupstream.Config{Rate: 10})
+	db := &countingDB{DB: env.Client(nil)}
+	cfg := testConfig(t, &memSink{}, "seq")
+	cfg.Gate = &TableGate{Store: &connquota.Store{DB: db, Table: env.Table}, Local: &LocalGate{}, Metrics: cfg.Metrics}
+	start := time.Now()
+	streams := make([]*Stream, 20)
+	for i := range streams {
+		id := fmt.Sprintf("c%02d", i)
+		streams[i] = New(cfg, id, up.URL(id), 0)
+		defer run(streams[i])(ErrGraceful)
+	}
+	waitFor(t, 10*time.Second, "all streaming", func() bool {
+		for _, s := range streams {
+			if s.Status().State != "streaming" {
+				return false
+			}
+		}
+		return true
+	})
+	if most := int64(time.Since(start)/clearFor) + 1; db.reads.Load() > most || db.writes.Load() != 0 {
+		t.Fatalf("%d reads (want at most %d) and %d writes for 20 dials", db.reads.Load(), most, db.writes.Load())
+	}
+}
