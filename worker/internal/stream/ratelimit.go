@@ -37,10 +37,12 @@ func (s *Stream) rateLimited(ctx context.Context, host, raw string, err error) e
 		return &rateLimitedError{why: perr.Error() + "; backing off", err: err}
 	}
 	until := now.Add(d)
-	s.cfg.gate().Hold(ctx, host, until)
+	if d > 0 {
+		s.cfg.gate().Hold(ctx, host, until)
+	}
 	why := fmt.Sprintf("retry after %s", d.Round(time.Second))
 	if capped {
-		why += fmt.Sprintf(" (Retry-After %q capped at %s)", raw, MaxRetryAfter)
+		why += fmt.Sprintf(" (Retry-After %q capped at %s)", trim(strings.TrimSpace(raw)), MaxRetryAfter)
 	}
 	return &rateLimitedError{until: until, why: why, err: err}
 }
