@@ -45,6 +45,10 @@ const (
 // table once a minute costs about 1.7 million read units (21 cents) a month.
 const sweepPeriodSeconds = 60
 
+// WorkerUpdateKeys are the partition keys a worker may UpdateItem: connections,
+// worker items and connect-quota items.
+var WorkerUpdateKeys = []string{schema.ConnPrefix + "*", schema.WorkerPrefix + "*", schema.QuotaPrefix + "*"}
+
 // Worker shutdown: ECS sends SIGTERM, waits stopTimeout, then SIGKILLs. The worker's
 // drain (stop sockets, checkpoint and release each lease) must finish well inside
 // that, or its connections wait for the crash path instead of the release path.
@@ -424,11 +428,22 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		},
 	})
 	// Leases: acquire, renew, checkpoint and release are UpdateItem; GetItem reads
-	// an item back after an ambiguous write; Query on the lease_owner index finds
-	// what the worker still holds; BatchGetItem is the backstop read of its own
-	// connections.
-	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"), jsii.String("dynamodb:UpdateItem"),
+	// an item back after an ambiguous write, and a host's 429 hold without a connect
+	// quota; Query on the lease_owner index finds what the worker still holds;
+	// BatchGetItem is the backstop read of its own connections.
+	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"),
 		jsii.String("dynamodb:Query"))
+	// UpdateItem reaches exactly the worker's three kinds of item: connections
+	// (leases), its registry item (membership) and the per-host connect-quota items
+	// (docs/CONNECTIONS.md), by dynamodb:LeadingKeys. On the base table only: no
+	// index is ever updated.
+	task.TaskRole().AddToPrincipalPolicy(awsiam.NewPolicyStatement(&awsiam.PolicyStatementProps{
+		Actions:   jsii.Strings("dynamodb:UpdateItem"),
+		Resources: jsii.Strings(*p.table.TableArn()),
+		Conditions: &map[string]any{
+			"ForAllValues:StringLike": map[string]any{"dynamodb:LeadingKeys": WorkerUpdateKeys},
+		},
+	}))
 	// The worker's only PutItem and DeleteItem calls are on its own registry item
 	// (shared/registry: Join and, in polling mode, Put and Delete), never on a
 	// connection item, so both are limited to WORKER# keys. dynamodb:LeadingKeys is

@@ -594,6 +594,8 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				wantSame(t, role+" table resources", s.resource, tableAndIndexes)
 			case slices.Contains(s.actions, "dynamodb:PutItem") && role == x.taskRole:
 				// Worker items only: TestWorkerPutDeleteOnlyWorkerItems checks it.
+			case slices.Contains(s.actions, "dynamodb:UpdateItem") && role == x.taskRole:
+				// Its three kinds of key only: TestWorkerUpdateOnlyItsKeys checks it.
 			case slices.Contains(s.actions, "dynamodb:Scan") && role == x.taskRole:
 				// The start-up pass scans the base table, never an index.
 				wantSame(t, role+" Scan actions", s.actions, []string{"dynamodb:Scan"})
@@ -1113,4 +1115,28 @@ func TestWorkersBelowDesiredAlarm(t *testing.T) {
 	if alarm["AlarmActions"] == nil {
 		t.Error("the alarm notifies nobody")
 	}
+}
+
+// The worker's UpdateItem reaches only connection, worker and connect-quota items:
+// one statement, on the base table, with the dynamodb:LeadingKeys condition; no
+// other task role statement grants UpdateItem.
+func TestWorkerUpdateOnlyItsKeys(t *testing.T) {
+	_, j := template(t)
+	x := findIDs(t, j)
+	var found []statement
+	for _, s := range roleStatements(j)[x.taskRole] {
+		if slices.Contains(s.actions, "dynamodb:UpdateItem") {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("task role statements with UpdateItem: %+v; want one", found)
+	}
+	s := found[0]
+	wantSame(t, "actions", s.actions, []string{"dynamodb:UpdateItem"})
+	wantSame(t, "resource", s.resource, getAtt(x.table, "Arn"))
+	wantSame(t, "condition", s.condition, obj{
+		"ForAllValues:StringLike": obj{"dynamodb:LeadingKeys": []any{
+			schema.ConnPrefix + "*", schema.WorkerPrefix + "*", schema.QuotaPrefix + "*"}},
+	})
 }

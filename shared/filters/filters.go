@@ -3,14 +3,15 @@
 // local stream poller applies them (matched by shared/local/filtermatch), so
 // production and local runs see the same records.
 //
-// What passes: INSERT; REMOVE; a connection released while STARTED
+// What passes: INSERT and REMOVE of connection and worker items; a connection released while STARTED
 // (lease_expires_at_ms = 0, or absent); any write whose new desired_state is not
 // STARTED (a stop, or an operator's typo such as "started"); and every worker item
 // change, membership renewals included: they are the reconciler's
 // clock for detecting dead members (see docs/MEMBERSHIP.md), at O(workers)
 // invocations, never O(connections).
 // What never passes: connection checkpoints and polling-mode renews (an owned
-// STARTED item whose last_seq or expiry moves).
+// STARTED item whose last_seq or expiry moves), and any write to a connect-quota
+// item (QUOTA#host: one per dial, docs/CONNECTIONS.md).
 // A changed ws_url does not pass either: no pattern can compare old and new images,
 // so the owner sees the new URL at its next checkpoint or backstop read.
 package filters
@@ -32,7 +33,13 @@ func s(v ...any) Pattern { return Pattern{"S": v} }
 
 // Patterns are OR-ed: a record passes if any one matches.
 var Patterns = []Pattern{
-	{"eventName": []any{"INSERT", "REMOVE"}},
+	// Created and deleted connections and workers, by key: a connect-quota item
+	// (QUOTA#host) is created at a host's first dial and removed by TTL, and must
+	// not cost an invocation. A positive list, with the prefix operator Lambda
+	// documents (not anything-but-prefix, which Lambda's filtering lacks).
+	{"eventName": []any{"INSERT", "REMOVE"}, "dynamodb": Pattern{"Keys": Pattern{
+		schema.AttrPK: s(Pattern{"prefix": schema.ConnPrefix}, Pattern{"prefix": schema.WorkerPrefix}),
+	}}},
 	newImage(Pattern{
 		schema.AttrDesiredState: s(string(schema.Started)),
 		schema.AttrLeaseExpires: Pattern{"N": []any{"0"}},

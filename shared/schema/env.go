@@ -23,7 +23,7 @@ const (
 	EnvLogLevel       = "SOCKFLEET_LOG_LEVEL"       // debug | info | warn | error; default info
 
 	// Worker: per-connection spec support (docs/CONNECTIONS.md).
-	EnvConnectQuota = "SOCKFLEET_CONNECT_QUOTA" // N/DURATION new connections per upstream host, e.g. 300/5m; empty: none
+	EnvConnectQuota = "SOCKFLEET_CONNECT_QUOTA" // N/DURATION new connections per upstream host, fleet-wide (through the table), e.g. 300/5m; empty: none
 	EnvSeqReset     = "SOCKFLEET_SEQ_RESET"     // accept | halt; default accept (a spec's seq_reset overrides)
 	EnvMaxSeqJump   = "SOCKFLEET_MAX_SEQ_JUMP"  // a sequence more than this past the last is bad; default 0: no limit
 	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → {"value", "allowed_hosts"} serving {{secret:NAME}} locally; empty: Secrets Manager

@@ -57,6 +57,11 @@ var transitions = []struct {
 	{file: "removed_keys_only", want: Decision{ID: "c1"}, passes: true},
 	{file: "worker_inserted", want: Decision{}, passes: true},
 	{file: "worker_removed", want: Decision{}, passes: true},
+	// Connect-quota items (one write per dial): ignored, and never an invocation.
+	{file: "quota_first_dial", want: Decision{}, passes: false},
+	{file: "quota_dial_counted", want: Decision{}, passes: false},
+	{file: "quota_held", want: Decision{}, passes: false},
+	{file: "quota_expired", want: Decision{}, passes: false},
 	// A STOPPED item's owner renews at most once more before it releases: the filters
 	// cannot tell that renew from the stop itself, so it passes and is ignored here.
 	{file: "stopped_renewed", want: Decision{ID: "c1", LeaseVersion: 3}, passes: true},
@@ -92,7 +97,7 @@ var transitions = []struct {
 	{file: "malformed_type", want: Decision{ID: "c1"}, passes: true},
 
 	// Unusable: logged with the key and skipped.
-	{file: "malformed_no_key", want: Decision{}, bad: true, passes: true},
+	{file: "malformed_no_key", want: Decision{}, bad: true, passes: false}, // INSERT passes by key only
 	{file: "malformed_modify_no_new_image", want: Decision{ID: "c1"}, bad: true, passes: false},
 }
 

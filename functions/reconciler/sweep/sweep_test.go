@@ -11,6 +11,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
+	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/registry"
@@ -114,13 +115,26 @@ func TestSweep(t *testing.T) {
 		}
 	}
 
+	// A host's connect-quota item, counted and held: scanned, and left alone.
+	q := &connquota.Store{DB: f.e.DB, Table: f.e.Table}
+	if _, err := q.Admit(ctx, "stream.example.com", 10, time.Minute, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Hold(ctx, "stream.example.com", now.Add(time.Hour), now); err != nil {
+		t.Fatal(err)
+	}
+	quotaItem := f.get(t, schema.QuotaKey("stream.example.com"))
+
 	r, err := f.sweeper(t, sweep.Config{PageSize: 3}).Run(ctx, now)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got := f.get(t, schema.QuotaKey("stream.example.com")); !reflect.DeepEqual(got, quotaItem) {
+		t.Errorf("the sweep changed a quota item:\n got %v\nwant %v", got, quotaItem)
+	}
 	// "invalid" (a ws_url that is not ws://) counts as an orphan and gets its problem
 	// written on it.
-	want := sweep.Report{Segment: 0, Segments: 1, Pages: 5, Scanned: 13, Complete: true, Released: 2, Nudged: 2,
+	want := sweep.Report{Segment: 0, Segments: 1, Pages: 5, Scanned: 14, Complete: true, Released: 2, Nudged: 2,
 		WorkersCleared: 1, Orphaned: 7, Unusable: 1, Reported: 1, OldestOrphan: 10 * time.Minute}
 	if r.Pages < 4 { // the engine may end on an empty last page or not
 		t.Errorf("pages %d, want paginated", r.Pages)

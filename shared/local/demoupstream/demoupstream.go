@@ -110,7 +110,9 @@ type Server struct {
 	events  []Event
 	closed  bool
 	refuse  int // status to refuse every handshake with; 0: accept
-	wg      sync.WaitGroup
+	// retryAfter is the Retry-After header of every refused handshake; "": none.
+	retryAfter string
+	wg         sync.WaitGroup
 
 	ln  net.Listener
 	hs  *http.Server
@@ -346,6 +348,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	if code != 0 {
 		st.refused++
 		s.log(Event{Stream: id, Kind: Refused, Status: code, Clients: len(st.clients), Remote: r.RemoteAddr})
+		if s.retryAfter != "" {
+			w.Header().Set("Retry-After", s.retryAfter)
+		}
 		s.mu.Unlock()
 		http.Error(w, "refused by test control", code)
 		return
@@ -621,6 +626,14 @@ func (s *Server) Refuse(id string, status int) {
 		return
 	}
 	s.stream(id).refuse = status
+}
+
+// RetryAfter sets the Retry-After header refused handshakes carry, as a rate-limiting
+// upstream's 429 does ("": none).
+func (s *Server) RetryAfter(v string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.retryAfter = v
 }
 
 // Stall makes id's clients ("" for all) stop reading and writing — pings go

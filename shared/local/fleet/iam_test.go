@@ -38,8 +38,11 @@ func TestIAMStatementsBite(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Every dial goes through the fleet-wide connect quota: its conditional writes on
+	// QUOTA# items are judged against the same statements as the leases'.
+	quota := func(int) []string { return []string{schema.EnvConnectQuota + "=1000/1m"} }
 	t.Run("full policy", func(t *testing.T) {
-		f := startFleetWith(t, fleetOptions{Workers: 2, Template: base})
+		f := startFleetWith(t, fleetOptions{Workers: 2, Template: base, WorkerEnv: quota})
 		if !flow(f, nil) {
 			t.Fatal("the flow did not complete with the full policy")
 		}
@@ -73,7 +76,7 @@ func TestIAMStatementsBite(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				f := startFleetWith(t, fleetOptions{Workers: 2, Template: cut, ExpectDenials: true})
+				f := startFleetWith(t, fleetOptions{Workers: 2, Template: cut, ExpectDenials: true, WorkerEnv: quota})
 				bitten := func(d iam.Denial) bool {
 					return d.Role == r && slices.ContainsFunc(actions, func(a string) bool {
 						return iam.Glob(strings.ToLower(a), strings.ToLower(d.Action))

@@ -125,6 +125,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	if sc.Quota, err = wstream.ParseQuota(cfg.ConnectQuota); err != nil {
 		return nil, err
 	}
+	sc.Gate = connectGate(d.DB, cfg.Table, sc.Quota, m, d.Log)
 	sc.SeqReset, sc.MaxSeqJump = cfg.SeqReset, cfg.MaxSeqJump
 	sc.Secrets = d.Secrets
 	if sc.Secrets == nil && cfg.SecretsFile != "" {

@@ -52,7 +52,7 @@ type Config struct {
 	SeqPath     string // JSON field path of a message's sequence; empty: count messages
 	BadMessages string // count | skip | pass
 
-	ConnectQuota string        // N/DURATION per upstream host; see stream.ParseQuota
+	ConnectQuota string        // N/DURATION per upstream host, fleet-wide; see stream.ParseQuota and stream.TableGate
 	SeqReset     string        // accept | halt
 	MaxSeqJump   int64         // 0: no limit
 	SecretsFile  string        // local secrets (make run); empty: Secrets Manager

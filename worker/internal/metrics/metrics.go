@@ -70,7 +70,11 @@ type Counters struct {
 	OverlapPeak   atomic.Int64 // the most extra sockets held at once while rotating
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
-	SecretErrors  atomic.Int64 // secret references that could not be resolved
+	// QuotaTableErrors: admissions the table (the fleet-wide quota and the 429
+	// holds) could not answer.
+	QuotaTableErrors atomic.Int64
+	RateLimited      atomic.Int64 // handshakes answered 429 or 418 (rate limited or banned)
+	SecretErrors     atomic.Int64 // secret references that could not be resolved
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -132,6 +136,8 @@ var table = []series{
 	{"sockfleet_rotation_overlap_peak_sockets", "The most extra sockets held at once while rotating.", true, func(c *Counters) *atomic.Int64 { return &c.OverlapPeak }},
 	{"sockfleet_quota_waits_total", "Dials that waited for the per-host connect quota.", false, func(c *Counters) *atomic.Int64 { return &c.QuotaWaits }},
 	{"sockfleet_quota_waiting", "Dials waiting for the connect quota now.", true, func(c *Counters) *atomic.Int64 { return &c.QuotaWaiting }},
+	{"sockfleet_quota_table_errors_total", "Admissions the table could not answer (fleet-wide quota and 429 holds).", false, func(c *Counters) *atomic.Int64 { return &c.QuotaTableErrors }},
+	{"sockfleet_rate_limited_total", "Handshakes answered 429 or 418 (rate limited or banned).", false, func(c *Counters) *atomic.Int64 { return &c.RateLimited }},
 	{"sockfleet_secret_errors_total", "Secret references that could not be resolved.", false, func(c *Counters) *atomic.Int64 { return &c.SecretErrors }},
 	{"sockfleet_handoffs_total", "Leases this worker transferred to another.", false, func(c *Counters) *atomic.Int64 { return &c.Handoffs }},
 	{"sockfleet_handoff_fallbacks_total", "Handoffs that ended in a release instead.", false, func(c *Counters) *atomic.Int64 { return &c.HandoffFallbacks }},

@@ -51,7 +51,11 @@ type Config struct {
 
 	CloseWait time.Duration // how long a stop waits for the close handshake; default 1s
 	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
-	Quota     *Quota        // per-host connect quota; nil: none
+	Quota     *Quota        // per-host connect quota of this worker; nil: none
+	// Gate admits dials per host (quota and 429 holds); a worker with a table uses a
+	// TableGate, shared by the fleet. nil: Quota alone, and a 429's Retry-After holds
+	// back only the stream that got it.
+	Gate Gate
 
 	Sink    sink.Sink
 	Metrics *metrics.Counters
@@ -130,6 +134,13 @@ func (c *Config) Fill() error {
 		}
 	}
 	return nil
+}
+
+func (c *Config) gate() Gate {
+	if c.Gate != nil {
+		return c.Gate
+	}
+	return &LocalGate{Quota: c.Quota}
 }
 
 // Secrets resolves the {{secret:…}} references of a spec (see package secrets) for

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -91,6 +90,9 @@ func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed
 	}
 	code := resp.StatusCode
 	err = fmt.Errorf("dial: handshake status %d: %w", code, err)
+	if code == http.StatusTooManyRequests || code == http.StatusTeapot {
+		return nil, s.rateLimited(ctx, hostOf(target), resp.Header.Get("Retry-After"), err)
+	}
 	if (code == http.StatusUnauthorized || code == http.StatusForbidden) && s.forgetSecrets() {
 		// The credential may have been rotated: the next dial reads it again, and this
 		// failure is not treated as permanent.
@@ -122,29 +124,6 @@ func (s *Stream) forgetSecrets() bool {
 		forget(m.Text)
 	}
 	return any
-}
-
-// waitQuota waits for the host's connect quota and returns the function to call
-// when the dial ends.
-func (s *Stream) waitQuota(ctx context.Context, target string) (func(), error) {
-	if s.cfg.Quota == nil {
-		return func() {}, nil
-	}
-	host := target
-	if u, err := url.Parse(target); err == nil {
-		host = strings.ToLower(u.Hostname())
-	}
-	prev := s.Status()
-	s.cfg.Metrics.QuotaWaiting.Add(1)
-	defer s.cfg.Metrics.QuotaWaiting.Add(-1)
-	if slot, d := s.cfg.Quota.reserve(host, time.Now()); d == 0 {
-		return func() { s.cfg.Quota.release(host, slot, time.Now()) }, nil
-	}
-	s.cfg.Metrics.QuotaWaits.Add(1)
-	s.setStatus(schema.StatusQuotaWait, fmt.Errorf("waiting for the connect quota of %s (%d per %s)", host, s.cfg.Quota.N, s.cfg.Quota.W))
-	done, _, err := s.cfg.Quota.Wait(ctx, host)
-	s.status.Store(&prev)
-	return done, err
 }
 
 // expand fills a template sent to dest: {seq} (the resume point), {next} ({seq}+1),

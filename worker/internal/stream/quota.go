@@ -10,7 +10,8 @@ import (
 )
 
 // Quota limits new connections per upstream host: at most N dials in any window W,
-// shared by every stream of the worker. It is a sliding-window log (the last N dials
+// shared by every stream of one worker (a LocalGate; a worker with a table shares
+// the quota with the fleet instead: TableGate, which takes its N and W from here). It is a sliding-window log (the last N dials
 // per host) rather than a token bucket: a bucket sized to never exceed N in a window
 // may only burst N/2, so a mass failover would take twice as long as the upstream's
 // limit allows; the log admits exactly what the limit allows, no more.

@@ -26,8 +26,9 @@
 // writes batches to the sink; rotation.go replaces a socket make-before-break;
 // counted.go holds what counter mode (no sequence path) does instead: break-before-
 // make, reading each socket to the upstream's close reply; seq.go follows the
-// upstream's numbering; config.go and factory.go hold the settings and make a
-// worker's streams.
+// upstream's numbering; gate.go admits dials per host (the connect quota, shared by
+// the fleet through the table) and ratelimit.go honours a 429's Retry-After;
+// config.go and factory.go hold the settings and make a worker's streams.
 package stream
 
 import (
@@ -217,6 +218,13 @@ func (s *Stream) Run(ctx context.Context) {
 		}
 		wait := Backoff(failures, s.cfg.BackoffMin, cap, s.cfg.Jitter())
 		failures++
+		var limited *rateLimitedError
+		if errors.As(err, &limited) {
+			// No sooner than the upstream asked (its Retry-After), nor than the
+			// backoff: a run of 429s saying "Retry-After: 0" still backs off.
+			state = schema.StatusRateLimited
+			wait = max(wait, time.Until(limited.until))
+		}
 		s.setStatus(state, err)
 		s.cfg.Log.Info("upstream disconnected; backing off", "conn", s.id, "status", state, "err", err, "wait", wait)
 		woken, err := sleep(ctx, wait, s.redial)
