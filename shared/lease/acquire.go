@@ -54,7 +54,7 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	exp := s.expiry(now)
 	set := codec.Item{
 		schema.AttrLeaseOwner: codec.S(worker), schema.AttrLeaseExpires: codec.N(exp), schema.AttrLeaseVersion: codec.N(try.version),
-		schema.AttrStatus: codec.S("acquired"), schema.AttrStatusAt: codec.N(now),
+		schema.AttrStatus: codec.S(StatusAcquired), schema.AttrStatusAt: codec.N(now),
 	}
 	if try.note != "" {
 		set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(try.note), codec.S(repairNote(now, try.note))
@@ -86,6 +86,9 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	switch {
 	case cerr == nil && cur.LeaseOwner == worker && cur.LeaseExpiresAtMs == exp && (!s.cfg.Membership || cur.StatusAtMs == now):
 		return raw, nil, nil
+	case cerr != nil && !isCondition(err) && errors.Is(cerr, ErrUnavailable):
+		// The write may have landed, naming us: say so, with what tells it apart.
+		return nil, nil, &AmbiguousAcquire{StampMs: now, err: fmt.Errorf("acquire %s: %w", id, cerr)}
 	case cerr != nil:
 		return nil, nil, fmt.Errorf("acquire %s: %w", id, cerr)
 	case !isCondition(err) && cur.ID != "" && cur.DesiredState == schema.Started && !cur.Owned():

@@ -50,6 +50,14 @@ type Counters struct {
 	BackstopReads       atomic.Int64 // BatchGetItem requests of the backstop
 	BackstopReadUnits   atomic.Int64 // their read units, in thousandths
 	ReleaseRetries      atomic.Int64 // releases retried after a failure
+	// The backstop's reconciliation (owner/reconcile.go): lease_owner index queries
+	// and their read units (thousandths), leases that named this worker although it
+	// ran no session, and of those the ones taken up and the ones released.
+	ReconcileQueries   atomic.Int64
+	ReconcileReadUnits atomic.Int64
+	PhantomsFound      atomic.Int64
+	PhantomsAdopted    atomic.Int64
+	PhantomsReleased   atomic.Int64
 
 	// Per-connection spec (docs/CONNECTIONS.md).
 	SeqResets     atomic.Int64 // upstream numbering restarted (accepted or halted)
@@ -106,6 +114,11 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_backstop_reads_total", &c.BackstopReads},
 		{"sockfleet_backstop_read_milliunits_total", &c.BackstopReadUnits},
 		{"sockfleet_release_retries_total", &c.ReleaseRetries},
+		{"sockfleet_reconcile_queries_total", &c.ReconcileQueries},
+		{"sockfleet_reconcile_read_milliunits_total", &c.ReconcileReadUnits},
+		{"sockfleet_phantoms_found_total", &c.PhantomsFound},
+		{"sockfleet_phantoms_adopted_total", &c.PhantomsAdopted},
+		{"sockfleet_phantoms_released_total", &c.PhantomsReleased},
 		{"sockfleet_wakeups_refused_total", &c.WakeupsRefused},
 		{"sockfleet_registry_errors_total", &c.RegistryErrors},
 		{"sockfleet_lost_races_total", &c.LostRaces},

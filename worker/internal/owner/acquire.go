@@ -74,6 +74,13 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 	case errors.Is(err, lease.ErrNotStarted), errors.Is(err, lease.ErrNotFound), errors.Is(err, lease.ErrInvalid):
 		return wakeup.NotStartable, err.Error()
 	default:
+		var amb *lease.AmbiguousAcquire
+		if errors.As(err, &amb) && m.cfg.Member != nil {
+			// The table may name this worker now: find out once it answers again.
+			m.mu.Lock()
+			m.unresolved[id] = amb.StampMs
+			m.mu.Unlock()
+		}
 		m.cfg.Log.Warn("acquire failed", "conn", id, "err", err)
 		return wakeup.Failed, err.Error()
 	}
