@@ -44,10 +44,11 @@ func TestPhantomLeasesAreTakenUp(t *testing.T) {
 	e.putPhantom("c1", "w1", time.Now().UnixMilli(), schema.Started)
 	e.putPhantom("c2", "w1", time.Now().UnixMilli(), schema.Stopped)
 	took := waitFor(t, 10*time.Second, "phantom streamed", func() bool { return w.sink.count("c1") >= 10 })
-	// Quarantine (backstop + 3 intervals) from the first sighting, which comes within
-	// one backstop pass (+ one tick) of the write, and the adopting pass within one
-	// more; plus the dial.
-	quarantine := backstop + 3*interval
+	// The quarantine (owner/reconcile.go: backstop + 3 intervals, or the fence
+	// deadline + 1 interval) from the first sighting, which comes within one backstop
+	// pass (+ one tick) of the write, and the adopting pass within one more; plus the
+	// dial.
+	quarantine := max(backstop+3*interval, deadline+interval)
 	if limit := quarantine + 2*(backstop+interval) + time.Second; took > limit {
 		t.Fatalf("phantom streamed %s after it was written; want within %s", took, limit)
 	}

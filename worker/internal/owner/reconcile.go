@@ -28,12 +28,14 @@ type phantomSeen struct {
 
 // quarantine is how long a phantom lease must have named this worker, unchanged,
 // before it is adopted: long enough for a holder it displaced (a stale image or a
-// recreated item written over another worker's lease) to have read the item in its
-// own backstop pass, started at most BackstopInterval + RenewInterval after the
-// write, and to have stopped on its conditional checkpoint (one read and one write,
-// each bounded by RenewInterval).
+// recreated item written over another worker's lease) to have stopped. Such a
+// holder, if it reaches the table, reads the item in a backstop pass that starts at
+// most BackstopInterval + RenewInterval after the write and stops on its
+// conditional checkpoint (one read and one write, each bounded by RenewInterval);
+// if it cannot, its fence stops it at most the fence deadline after its last
+// successful renew, plus a renew interval for that renew to have started.
 func (r *streamMode) quarantine() time.Duration {
-	return r.cfg.BackstopInterval + 3*r.m.cfg.RenewInterval
+	return max(r.cfg.BackstopInterval+3*r.m.cfg.RenewInterval, r.m.fence+r.m.cfg.RenewInterval)
 }
 
 // reconcile is the backstop's second half: see above. Work loop only.
