@@ -3,10 +3,12 @@ package owner
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 )
 
@@ -80,5 +82,39 @@ func TestStandbyEndedEarlyStillAdoptsATransfer(t *testing.T) {
 	o := r.m.conns["c1"]
 	r.m.mu.Unlock()
 	o.cancel(errLost) // end it without a release
+	<-o.done
+}
+
+// floorStore records the version floor of each acquire.
+type floorStore struct {
+	*fakeStore
+	mu     sync.Mutex
+	floors map[string]int64
+}
+
+func (f *floorStore) AcquireAbove(ctx context.Context, id, worker string, floor int64) (lease.Lease, error) {
+	f.mu.Lock()
+	f.floors[id] = floor
+	f.mu.Unlock()
+	return f.fakeStore.Acquire(ctx, id, worker)
+}
+
+// A needs-owner wakeup's lease_version (a version the reconciler saw issued) is the
+// floor of the acquire's version, so a rollback plus a lagging clock cannot hand out
+// a version below it.
+func TestNeedsOwnerVersionIsTheAcquireFloor(t *testing.T) {
+	r := newRig(t, 10)
+	fs := &floorStore{fakeStore: r.store, floors: map[string]int64{}}
+	r.m.cfg.Store = fs
+	if got := r.wake(t, wakeup.Conn{ID: "c1", LeaseVersion: 1234, Reason: wakeup.NeedsOwner}); got != wakeup.Acquired {
+		t.Fatalf("wake: %s", got)
+	}
+	if fs.floors["c1"] != 1234 {
+		t.Fatalf("acquire floor %d, want the wakeup's 1234 (floors %v)", fs.floors["c1"], fs.floors)
+	}
+	r.m.mu.Lock()
+	o := r.m.conns["c1"]
+	r.m.mu.Unlock()
+	o.cancel(errLost)
 	<-o.done
 }
