@@ -46,10 +46,10 @@ func TestPhantomLeasesAreTakenUp(t *testing.T) {
 	took := waitFor(t, 10*time.Second, "phantom streamed", func() bool { return w.sink.count("c1") >= 10 })
 	// The quarantine (owner/reconcile.go: backstop + 3 intervals, or the fence
 	// deadline + 1 interval) from the first sighting, which comes within one backstop
-	// pass (+ one tick) of the write, and the adopting pass within one more; plus the
+	// pass (+ one tick) of the write, adopted at the first tick after it; plus the
 	// dial.
 	quarantine := max(backstop+3*interval, deadline+interval)
-	if limit := quarantine + 2*(backstop+interval) + time.Second; took > limit {
+	if limit := quarantine + backstop + 2*interval + time.Second; took > limit {
 		t.Fatalf("phantom streamed %s after it was written; want within %s", took, limit)
 	}
 	if took < quarantine {

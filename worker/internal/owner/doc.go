@@ -41,15 +41,15 @@
 //   - A wakeup about a lease this worker holds is answered after a conditional write
 //     that reads the item, never from memory.
 //   - No phantom leases (stream mode; reconcile.go): the table does not name this
-//     worker for a connection it runs no session for beyond Q + 2 × (the backstop
-//     interval plus RenewInterval), where Q = max(BackstopInterval + 3 × RenewInterval, fence
+//     worker for a connection it runs no session for beyond Q + BackstopInterval +
+//     2 × RenewInterval, where Q = max(BackstopInterval + 3 × RenewInterval, fence
 //     deadline + RenewInterval) is the quarantine. Each backstop pass lists every
 //     item the lease_owner index names this worker in (keys only, paginated) and
 //     reads each one it runs no session, acquire, standby or pending release for
 //     with a consistent read: one that is not STARTED is released at once; a STARTED
-//     one that has named this worker at the same version for Q is adopted — one
-//     write conditioned on exactly that owner and version, then a session from its
-//     last_seq. Faster paths for the triggers the protocol itself can leave: an
+//     one that has named this worker at the same version for Q is read again at the
+//     first work-loop tick after that and adopted — one write conditioned on exactly
+//     that owner and version, then a session from its last_seq. Faster paths for the triggers the protocol itself can leave: an
 //     adopt whose confirming write fails releases (never a bare refusal); a
 //     standby's timer reads the item even when the standby ended first; an acquire
 //     whose write and read-back were both lost (lease.AmbiguousAcquire) is looked up

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/lease"
@@ -76,7 +77,7 @@ func (r *streamMode) reconcile(ctx context.Context) {
 		case c.LeaseOwner != m.cfg.WorkerID || m.runs(id):
 			continue // the index lags, or it was taken up meanwhile
 		}
-		if p, ok := r.phantomAction(id, c, seen); ok {
+		if p, ok := r.phantomAction(id, c, r.phantoms, seen); ok {
 			m.cfg.Metrics.PhantomsReleased.Add(1)
 			m.cfg.Log.Warn("reconcile: released a lease naming this worker, which runs no session for it",
 				"conn", id, "version", c.LeaseVersion, "why", p.Error)
@@ -87,9 +88,9 @@ func (r *streamMode) reconcile(ctx context.Context) {
 }
 
 // phantomAction decides what to do with phantom c (read consistently, naming this
-// worker): adopt it (done here), wait (recorded in seen), or release it (the
-// progress to release with, true).
-func (r *streamMode) phantomAction(id string, c codec.Connection, seen map[string]phantomSeen) (lease.Progress, bool) {
+// worker; earlier holds what was seen of it before): adopt it (done here), wait
+// (recorded in seen), or release it (the progress to release with, true).
+func (r *streamMode) phantomAction(id string, c codec.Connection, earlier, seen map[string]phantomSeen) (lease.Progress, bool) {
 	m := r.m
 	release := lease.Progress{LastSeq: c.LastSeq, Epoch: c.Epoch}
 	if c.LeaseVersion <= 0 {
@@ -97,7 +98,7 @@ func (r *streamMode) phantomAction(id string, c codec.Connection, seen map[strin
 		// repairs own it (the sweep and the crash path release it as it is).
 		return lease.Progress{}, false
 	}
-	prev, known := r.phantoms[id]
+	prev, known := earlier[id]
 	if !known || prev.version != c.LeaseVersion {
 		m.cfg.Metrics.PhantomsFound.Add(1)
 		m.cfg.Log.Warn("reconcile: the table names this worker for a connection it does not run",
@@ -124,6 +125,38 @@ func (r *streamMode) phantomAction(id string, c codec.Connection, seen map[strin
 		seen[id] = prev
 	}
 	return lease.Progress{}, false
+}
+
+// adoptDue adopts, at the work loop's tick rather than at the next pass, each phantom
+// whose quarantine has passed, after reading it again: a phantom is then streamed
+// within one backstop pass (+ one tick) of its write plus the quarantine. Work loop
+// only.
+func (r *streamMode) adoptDue(ctx context.Context) {
+	m := r.m
+	q := r.quarantine()
+	for id, p := range maps.Clone(r.phantoms) {
+		if time.Since(p.at) < q || ctx.Err() != nil || m.Draining() {
+			continue
+		}
+		delete(r.phantoms, id)
+		if m.runs(id) || r.releasePending(id) {
+			continue
+		}
+		gctx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
+		c, err := r.store.Get(gctx, id)
+		cancel()
+		switch {
+		case err != nil && !errors.Is(err, lease.ErrNotFound):
+			r.phantoms[id] = p // unknown: try again at the next tick
+			continue
+		case err != nil || c.LeaseOwner != m.cfg.WorkerID || m.runs(id):
+			continue
+		}
+		if rel, ok := r.phantomAction(id, c, map[string]phantomSeen{id: p}, r.phantoms); ok {
+			m.cfg.Metrics.PhantomsReleased.Add(1)
+			m.release(lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, rel)
+		}
+	}
 }
 
 // runs reports whether this worker has a session, an acquire or a standby for id.

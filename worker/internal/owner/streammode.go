@@ -247,6 +247,8 @@ func (r *streamMode) work(ctx context.Context) {
 		r.lastBack = time.Now()
 		r.backstop(ctx)
 		r.reconcile(ctx)
+	} else if len(r.phantoms) > 0 {
+		r.adoptDue(ctx)
 	}
 	r.m.cfg.EMF.Put(schema.MetricOwned, r.m.cfg.Metrics.Owned.Load())
 }
