@@ -9,7 +9,7 @@
 //
 // Guarantees:
 //   - Every operation is one DynamoDB write (ReleaseAllOwnedBy: one per lease; ReadOwned
-//     is one read), and every write by an owner (renew, checkpoint, release) is
+//     is one read; Naming one keys-only index Query per page), and every write by an owner (renew, checkpoint, release) is
 //     conditioned on lease_owner = me AND lease_version = v. A worker that lost its
 //     lease can neither renew, checkpoint nor release it.
 //   - Transfer (a planned handoff, docs/HANDOFF.md) changes the owner in the same one

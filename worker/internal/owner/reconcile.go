@@ -77,7 +77,7 @@ func (r *streamMode) reconcile(ctx context.Context) {
 		case c.LeaseOwner != m.cfg.WorkerID || m.runs(id):
 			continue // the index lags, or it was taken up meanwhile
 		}
-		if p, ok := r.phantomAction(id, c, r.phantoms, seen); ok {
+		if p, ok := r.phantomAction(ctx, id, c, r.phantoms, seen); ok {
 			m.cfg.Metrics.PhantomsReleased.Add(1)
 			m.cfg.Log.Warn("reconcile: released a lease naming this worker, which runs no session for it",
 				"conn", id, "version", c.LeaseVersion, "why", p.Error)
@@ -90,7 +90,7 @@ func (r *streamMode) reconcile(ctx context.Context) {
 // phantomAction decides what to do with phantom c (read consistently, naming this
 // worker; earlier holds what was seen of it before): adopt it (done here), wait
 // (recorded in seen), or release it (the progress to release with, true).
-func (r *streamMode) phantomAction(id string, c codec.Connection, earlier, seen map[string]phantomSeen) (lease.Progress, bool) {
+func (r *streamMode) phantomAction(ctx context.Context, id string, c codec.Connection, earlier, seen map[string]phantomSeen) (lease.Progress, bool) {
 	m := r.m
 	release := lease.Progress{LastSeq: c.LastSeq, Epoch: c.Epoch}
 	if c.LeaseVersion <= 0 {
@@ -116,7 +116,9 @@ func (r *streamMode) phantomAction(id string, c codec.Connection, earlier, seen 
 		seen[id] = prev
 		return lease.Progress{}, false
 	}
-	res := m.adopt(context.Background(), id, c.LeaseVersion, c.LastSeq, c.Epoch,
+	actx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
+	defer cancel()
+	res := m.adopt(actx, id, c.LeaseVersion, c.LastSeq, c.Epoch,
 		fmt.Sprintf("named this worker for %s without a session here", time.Since(prev.at).Round(time.Millisecond)))
 	if m.runs(id) {
 		m.cfg.Metrics.PhantomsAdopted.Add(1)
@@ -152,7 +154,7 @@ func (r *streamMode) adoptDue(ctx context.Context) {
 		case err != nil || c.LeaseOwner != m.cfg.WorkerID || m.runs(id):
 			continue
 		}
-		if rel, ok := r.phantomAction(id, c, map[string]phantomSeen{id: p}, r.phantoms); ok {
+		if rel, ok := r.phantomAction(ctx, id, c, map[string]phantomSeen{id: p}, r.phantoms); ok {
 			m.cfg.Metrics.PhantomsReleased.Add(1)
 			m.release(lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, rel)
 		}
