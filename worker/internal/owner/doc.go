@@ -49,12 +49,13 @@
 //     with a consistent read: one that is not STARTED is released at once; a STARTED
 //     one that has named this worker at the same version for Q is read again at the
 //     first work-loop tick after that and adopted — one write conditioned on exactly
-//     that owner and version, then a session from its last_seq. Faster paths for the triggers the protocol itself can leave: an
-//     adopt whose confirming write fails releases (never a bare refusal); a
-//     standby's timer reads the item even when the standby ended first; an acquire
-//     whose write and read-back were both lost (lease.AmbiguousAcquire) is looked up
-//     after the next membership renew and adopted at once if the item is exactly that
-//     write (owner, status "acquired", its stamp): then nothing was written since.
+//     that owner and version, then a session from its last_seq. The triggers the
+//     protocol itself can leave have faster paths: an adopt whose confirming write
+//     fails releases (never a bare refusal); a standby's timer reads the item even
+//     when the standby ended first; an acquire whose write and read-back were both
+//     lost (lease.AmbiguousAcquire) is looked up after the next membership renew and
+//     adopted at once if the item is exactly that write (owner, status "acquired",
+//     its stamp): then nothing was written since, so nobody else can hold it.
 //   - Adopting a phantom never makes two deliverers. Suppose worker W delivers the
 //     connection under (W, v') while the item names this worker at v. A protocol
 //     write replaces W's lease only after W stopped: an acquire needs it released
