@@ -29,9 +29,9 @@
 //     expression builders on purpose: other packages embed them in their own
 //     requests.)
 //   - Fencing versions strictly increase per connection, within one stated bound.
-//     Every write that gives a lease a new version (acquire, transfer, a repair's
-//     release) writes above the stored version, conditioned on it, and at least the
-//     writer's wall clock in ms (acquire, transfer) or that plus the skew margin (the
+//     Every write that gives a lease a new version (acquire, transfer, renumber, a
+//     repair's release) writes above the stored version, conditioned on it, and at least the
+//     writer's wall clock in ms (acquire, transfer, renumber) or that plus the skew margin (the
 //     repair of an unusable or stale version). Protocol writes never lower it
 //     (releases keep it), so while only they write, each new version is above every
 //     earlier one. An outside write that rolls the stored version back (a console

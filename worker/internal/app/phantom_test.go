@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
@@ -41,7 +42,8 @@ func TestPhantomLeasesAreTakenUp(t *testing.T) {
 	const backstop = 2 * interval
 	w := e.worker("w1", opts{backstop: backstop})
 	written := time.Now()
-	e.putPhantom("c1", "w1", time.Now().UnixMilli(), schema.Started)
+	phantomVersion := time.Now().UnixMilli()
+	e.putPhantom("c1", "w1", phantomVersion, schema.Started)
 	e.putPhantom("c2", "w1", time.Now().UnixMilli(), schema.Stopped)
 	took := waitFor(t, 10*time.Second, "phantom streamed", func() bool { return w.sink.count("c1") >= 10 })
 	// The quarantine (owner/reconcile.go: backstop + 3 intervals, or the fence
@@ -57,6 +59,13 @@ func TestPhantomLeasesAreTakenUp(t *testing.T) {
 	}
 	if c := e.get("c1"); c.LeaseOwner != "w1" || !strings.Contains(strings.Join(w.Manager.Owned(), ","), "c1") {
 		t.Fatalf("c1 %+v, owned %v", c, w.Manager.Owned())
+	}
+	// Taken up under a new version: no earlier session delivered under it.
+	if c := e.get("c1"); c.LeaseVersion <= phantomVersion {
+		t.Fatalf("adopted at version %d, not above the phantom's %d", c.LeaseVersion, phantomVersion)
+	}
+	if vs := w.sink.versions("c1"); vs[phantomVersion] != 0 {
+		t.Fatalf("delivered under the phantom's own version: %v", vs)
 	}
 	waitFor(t, time.Until(written.Add(3*backstop+2*time.Second)), "STOPPED phantom released", func() bool { return !e.get("c2").Owned() })
 	if e.up.Stats("c2").Clients != 0 || w.sink.count("c2") != 0 {
@@ -133,4 +142,44 @@ func TestAmbiguousAcquireIsTakenUp(t *testing.T) {
 	if w.Metrics.PhantomsAdopted.Load() != 0 {
 		t.Fatal("taken up by the reconciliation, not the resolution")
 	}
+}
+
+// lease_owner set by hand to another live worker (the version unchanged): the
+// displaced holder stops at its backstop read, the named worker adopts the lease
+// after its quarantine under a new version, and the two never deliver at once.
+func TestOwnerHandedToAnotherLiveWorkerNeverOverlaps(t *testing.T) {
+	e := newEnv(t, rate)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{backstop: 2 * interval})
+	w2 := e.handoffWorker("w2", &l, opts{backstop: 2 * interval})
+	e.putConn("c1", schema.Started)
+	if r := e.wake(w1, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("wake: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+	v1 := e.get("c1").LeaseVersion
+	edited := time.Now()
+	e.update("c1", "SET #o = :o", map[string]types.AttributeValue{":o": codec.S("w2")}, map[string]string{"#o": schema.AttrLeaseOwner})
+	took := waitFor(t, 10*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
+	var lastW1, firstW2 time.Time
+	for _, d := range l.get("c1") {
+		switch {
+		case d.worker == "w1":
+			lastW1 = d.at
+		case d.worker == "w2" && firstW2.IsZero():
+			firstW2 = d.at
+			if d.version <= v1 {
+				t.Errorf("w2 delivered under version %d, not above w1's %d", d.version, v1)
+			}
+		}
+	}
+	if !lastW1.Before(firstW2) {
+		t.Fatalf("two deliverers: w1 delivered until %s, w2 from %s", lastW1.Format(time.StampMilli), firstW2.Format(time.StampMilli))
+	}
+	if w1.Metrics.LeasesLost.Load() != 1 || w2.Metrics.PhantomsAdopted.Load() != 1 {
+		t.Fatalf("w1 leases lost %d, w2 phantoms adopted %d", w1.Metrics.LeasesLost.Load(), w2.Metrics.PhantomsAdopted.Load())
+	}
+	t.Logf("w1 stopped %s after the edit; w2 delivered from %s after it (%s with nobody delivering); streaming again after %s",
+		lastW1.Sub(edited).Round(time.Millisecond), firstW2.Sub(edited).Round(time.Millisecond),
+		firstW2.Sub(lastW1).Round(time.Millisecond), took.Round(time.Millisecond))
 }

@@ -49,7 +49,8 @@
 //     with a consistent read: one that is not STARTED is released at once; a STARTED
 //     one that has named this worker at the same version for Q is read again at the
 //     first work-loop tick after that and adopted — one write conditioned on exactly
-//     that owner and version, then a session from its last_seq. The triggers the
+//     that owner and version, which also gives it a new version (lease.Store.Renumber:
+//     no earlier session delivered under it), then a session from its last_seq. The triggers the
 //     protocol itself can leave have faster paths: an adopt whose confirming write
 //     fails releases (never a bare refusal); a standby's timer reads the item even
 //     when the standby ended first; an acquire whose write and read-back were both

@@ -178,7 +178,7 @@ func (m *Manager) commit(ctx context.Context, r peer.Request) peer.Response {
 			return res
 		}
 	}
-	return m.adopt(ctx, r.Conn, r.Version, r.Seq, r.Epoch, "committed without a usable standby")
+	return m.adopt(ctx, r.Conn, r.Version, r.Seq, r.Epoch, "committed without a usable standby", false)
 }
 
 // promote makes sb's stream the owner's at version, delivering after cut. ok false:
@@ -232,7 +232,11 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 // it (conditioned on owner and version, and retried after the next membership
 // renew if the table did not answer): a refusal never leaves the table naming a
 // worker that runs nothing.
-func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string) peer.Response {
+//
+// renumber: the lease was not written for this worker by a protocol step it can
+// name (a phantom the reconciliation found), so the confirming write also gives it a
+// new version (lease.Store.Renumber), above any an earlier session delivered under.
+func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string, renumber bool) peer.Response {
 	m.mu.Lock()
 	switch o := m.conns[id]; {
 	case o != nil && o.lease.Version == version:
@@ -261,7 +265,17 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 		return refused("draining or fenced: released for the next owner")
 	}
 	t0 := time.Now()
-	c, err := m.confirmer().Checkpoint(ctx, l, p)
+	var c codec.Connection
+	var err error
+	if renumber {
+		var nl lease.Lease
+		nl, c, err = m.cfg.Member.Store.Renumber(ctx, l, p)
+		if err == nil {
+			l = nl
+		}
+	} else {
+		c, err = m.confirmer().Checkpoint(ctx, l, p)
+	}
 	switch {
 	case errors.Is(err, lease.ErrLost), errors.Is(err, lease.ErrNotFound):
 		return refused("confirm the lease: %v", err)
@@ -329,7 +343,7 @@ func (m *Manager) standbyExpired(sb *standby) {
 		sb.timer.Reset(m.cfg.RenewInterval)
 	case err == nil && c.LeaseOwner == m.cfg.WorkerID && c.LeaseVersion > sb.version && c.Status == lease.StatusHandedOff:
 		if _, ok := m.promote(ctx, sb, c.LeaseVersion, peer.Position{Seq: c.LastSeq, Epoch: c.Epoch}); !ok {
-			m.adopt(ctx, sb.id, c.LeaseVersion, c.LastSeq, c.Epoch, "transferred; no commit came")
+			m.adopt(ctx, sb.id, c.LeaseVersion, c.LastSeq, c.Epoch, "transferred; no commit came", false)
 		}
 		m.cfg.Metrics.HandoffsAdopted.Add(1)
 		m.cfg.Log.Info("standby: no commit came but the item names this worker; took it over", "conn", sb.id, "version", c.LeaseVersion)
@@ -389,7 +403,7 @@ func (m *Manager) adoptNamed(ctx context.Context, id string) (wakeup.Result, str
 			return wakeup.AlreadyOwned, "took over the standby of a handoff whose commit never came", true
 		}
 	}
-	res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "named in the table after a handoff; no commit came")
+	res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "named in the table after a handoff; no commit came", false)
 	if res.Result == peer.Committed {
 		return wakeup.AlreadyOwned, res.Detail, true
 	}

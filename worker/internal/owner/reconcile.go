@@ -119,7 +119,7 @@ func (r *streamMode) phantomAction(ctx context.Context, id string, c codec.Conne
 	actx, cancel := context.WithTimeout(ctx, m.cfg.RenewInterval)
 	defer cancel()
 	res := m.adopt(actx, id, c.LeaseVersion, c.LastSeq, c.Epoch,
-		fmt.Sprintf("named this worker for %s without a session here", time.Since(prev.at).Round(time.Millisecond)))
+		fmt.Sprintf("named this worker for %s without a session here", time.Since(prev.at).Round(time.Millisecond)), true)
 	if m.runs(id) {
 		m.cfg.Metrics.PhantomsAdopted.Add(1)
 	} else {
@@ -205,7 +205,7 @@ func (r *streamMode) resolveAcquires(ctx context.Context) {
 		if err != nil || c.LeaseOwner != m.cfg.WorkerID || c.Status != lease.StatusAcquired || c.StatusAtMs != stamp {
 			continue
 		}
-		res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "an acquire whose outcome was unknown had landed")
+		res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "an acquire whose outcome was unknown had landed", false)
 		m.cfg.Log.Info("resolved an ambiguous acquire", "conn", id, "version", c.LeaseVersion, "result", res.Result, "detail", res.Detail)
 	}
 }

@@ -41,7 +41,7 @@ func TestAdoptReleasesWhenTheConfirmingWriteFails(t *testing.T) {
 	r := newRig(t, 10)
 	ho := withHandoffs(t, r)
 	ho.cfg.Store = confirmStore{confirm: fmt.Errorf("checkpoint c1: %w", lease.ErrUnavailable)}
-	resp := r.m.adopt(context.Background(), "c1", 9, 42, 0, "test")
+	resp := r.m.adopt(context.Background(), "c1", 9, 42, 0, "test", false)
 	if resp.Result != peer.Refused {
 		t.Fatalf("adopt with a failed confirming write: %+v", resp)
 	}
@@ -54,7 +54,7 @@ func TestAdoptReleasesWhenTheConfirmingWriteFails(t *testing.T) {
 	}
 	// A lease already gone is not released (nothing of ours to give back).
 	ho.cfg.Store = confirmStore{confirm: fmt.Errorf("checkpoint c2: %w", lease.ErrLost)}
-	if resp := r.m.adopt(context.Background(), "c2", 9, 42, 0, "test"); resp.Result != peer.Refused {
+	if resp := r.m.adopt(context.Background(), "c2", 9, 42, 0, "test", false); resp.Result != peer.Refused {
 		t.Fatalf("adopt of a lost lease: %+v", resp)
 	}
 	if _, ok := r.store.released("c2"); ok {

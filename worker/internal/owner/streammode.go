@@ -62,6 +62,8 @@ type MemberStore interface {
 	// Naming lists the connections the lease_owner index names worker in (keys only).
 	Naming(ctx context.Context, worker string) ([]string, float64, error)
 	Get(ctx context.Context, id string) (codec.Connection, error)
+	// Renumber gives a lease taken up from the table a new version (reconcile.go).
+	Renumber(ctx context.Context, l lease.Lease, p lease.Progress) (lease.Lease, codec.Connection, error)
 }
 
 // streamMode is the stream-mode regime.
