@@ -428,9 +428,11 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		},
 	})
 	// Leases: acquire, renew, checkpoint and release are UpdateItem; GetItem reads
-	// an item back after an ambiguous write, and a host's 429 hold without a connect
-	// quota; Query on the lease_owner index finds what the worker still holds;
-	// BatchGetItem is the backstop read of its own connections.
+	// an item back after an ambiguous write, a host's 429 hold without a connect
+	// quota, and confirms a phantom lease; Query on the lease_owner index finds what
+	// the worker still holds and, at each backstop pass, every item that names it
+	// (the reconciliation, worker/internal/owner); BatchGetItem is the backstop read
+	// of its own connections. table.Grant covers the table and its indexes.
 	p.table.Grant(task.TaskRole(), jsii.String("dynamodb:GetItem"), jsii.String("dynamodb:BatchGetItem"),
 		jsii.String("dynamodb:Query"))
 	// UpdateItem reaches exactly the worker's three kinds of item: connections

@@ -22,17 +22,30 @@ import (
 // at or above the floor, or an operator made it unusable) a second write follows,
 // conditioned on the version exactly as it was read.
 func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
+	return s.AcquireAbove(ctx, id, worker, 0)
+}
+
+// AcquireAbove is Acquire writing a version above floor too: a version the caller
+// knows was issued for this connection (a wakeup's, from a stream record's old
+// image), which an outside write may have rolled the item back below. It closes
+// the window in which a clock lagging the issuer's could hand out a version below
+// one already issued (see package doc). floor 0: none.
+func (s *Store) AcquireAbove(ctx context.Context, id, worker string, floor int64) (Lease, error) {
 	if err := validIDs(id, worker); err != nil {
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, err)
 	}
+	if floor < 0 {
+		return Lease{}, fmt.Errorf("acquire %s: %w: negative version floor %d", id, ErrInvalid, floor)
+	}
 	now := s.nowMs()
-	try := versionTry{version: now, cond: expression.Or(nameVersion.AttributeNotExists(), nameVersion.LessThan(num(now)))}
+	first := max(now, floor+1)
+	try := versionTry{version: first, cond: expression.Or(nameVersion.AttributeNotExists(), nameVersion.LessThan(num(first)))}
 	for attempt := 0; ; attempt++ {
 		it, old, err := s.acquireOnce(ctx, id, worker, now, try)
 		if err == nil {
 			return s.acquired(ctx, id, worker, it, old, try.note != "")
 		}
-		next, retry := s.versionRetry(old, now)
+		next, retry := s.versionRetry(old, now, first)
 		if attempt > 0 || !retry {
 			return Lease{}, err
 		}
@@ -54,7 +67,7 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	exp := s.expiry(now)
 	set := codec.Item{
 		schema.AttrLeaseOwner: codec.S(worker), schema.AttrLeaseExpires: codec.N(exp), schema.AttrLeaseVersion: codec.N(try.version),
-		schema.AttrStatus: codec.S("acquired"), schema.AttrStatusAt: codec.N(now),
+		schema.AttrStatus: codec.S(StatusAcquired), schema.AttrStatusAt: codec.N(now),
 	}
 	if try.note != "" {
 		set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(try.note), codec.S(repairNote(now, try.note))
@@ -86,6 +99,9 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	switch {
 	case cerr == nil && cur.LeaseOwner == worker && cur.LeaseExpiresAtMs == exp && (!s.cfg.Membership || cur.StatusAtMs == now):
 		return raw, nil, nil
+	case cerr != nil && !isCondition(err) && errors.Is(cerr, ErrUnavailable):
+		// The write may have landed, naming us: say so, with what tells it apart.
+		return nil, nil, &AmbiguousAcquire{StampMs: now, err: fmt.Errorf("acquire %s: %w", id, cerr)}
 	case cerr != nil:
 		return nil, nil, fmt.Errorf("acquire %s: %w", id, cerr)
 	case !isCondition(err) && cur.ID != "" && cur.DesiredState == schema.Started && !cur.Owned():
@@ -99,10 +115,11 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 
 // versionRetry decides, from the item a refused acquire saw, whether only the version
 // condition failed, and if so what the second try writes: stored + 1 for a version at
-// or above the floor; for an unusable one (a string, a non-integer), a fresh floor
-// raised by the skew margin (the destroyed value cannot be read, and a version handed
-// out by a worker whose clock runs ahead by up to the margin stays below it).
-func (s *Store) versionRetry(old codec.Item, now int64) (versionTry, bool) {
+// or above first (the first try's version); for an unusable one (a string, a
+// non-integer), a fresh floor raised by the skew margin (the destroyed value cannot
+// be read, and a version handed out by a worker whose clock runs ahead by up to the
+// margin stays below it), and above first.
+func (s *Store) versionRetry(old codec.Item, now, first int64) (versionTry, bool) {
 	if old == nil || !free(old, now-s.cfg.SkewMargin.Milliseconds()) {
 		return versionTry{}, false
 	}
@@ -114,12 +131,12 @@ func (s *Store) versionRetry(old codec.Item, now int64) (versionTry, bool) {
 	switch {
 	case raw == nil:
 		return versionTry{}, false // the first try's condition held for it: a race
-	case err == nil && v >= now:
+	case err == nil && v >= first:
 		return versionTry{version: v + 1, cond: nameVersion.Equal(expression.Value(raw))}, true
 	case err == nil:
 		return versionTry{}, false
 	}
-	fresh := now + s.cfg.SkewMargin.Milliseconds()
+	fresh := max(now+s.cfg.SkewMargin.Milliseconds(), first)
 	t := versionTry{version: fresh, note: fmt.Sprintf("%s %s unusable: replaced with %d", schema.AttrLeaseVersion, codec.Describe(raw), fresh)}
 	t.cond = valueIs(nameVersion, raw)
 	return t, true

@@ -9,7 +9,7 @@
 //
 // Guarantees:
 //   - Every operation is one DynamoDB write (ReleaseAllOwnedBy: one per lease; ReadOwned
-//     is one read), and every write by an owner (renew, checkpoint, release) is
+//     is one read; Naming one keys-only index Query per page), and every write by an owner (renew, checkpoint, release) is
 //     conditioned on lease_owner = me AND lease_version = v. A worker that lost its
 //     lease can neither renew, checkpoint nor release it.
 //   - Transfer (a planned handoff, docs/HANDOFF.md) changes the owner in the same one
@@ -28,13 +28,33 @@
 //     no SDK error type leaks out. (FreeCondition and ReleasedCondition are SDK
 //     expression builders on purpose: other packages embed them in their own
 //     requests.)
-//   - Fencing versions never repeat. Each acquire writes a version from a hybrid
-//     logical clock: at least the stored version + 1 and at least the wall clock in
-//     ms. An outside write that rolls the stored version back (a console save of an
-//     old image) cannot make a later acquire hand out a version again, unless the
-//     acquirer's clock is behind the clock that issued it by more than the time since.
-//     Since every owner write is conditioned on owner AND version, a repeat would also
-//     need the same worker id.
+//   - Fencing versions strictly increase per connection, within one stated bound.
+//     Every write that gives a lease a new version (acquire, transfer, renumber, a
+//     repair's release) writes above the stored version, conditioned on it, and at least the
+//     writer's wall clock in ms (acquire, transfer, renumber) or that plus the skew margin (the
+//     repair of an unusable or stale version). Protocol writes never lower it
+//     (releases keep it), so while only they write, each new version is above every
+//     earlier one. An outside write that rolls the stored version back (a console
+//     save of an old image, an item deleted and re-created) erases that record;
+//     then the next version is still above every version issued more than
+//     2 × SkewMargin earlier, because the writer's clock is at most the margin behind
+//     the issuer's and a version is at most the issuer's clock plus the margin.
+//     Within that window the caller closes it with a floor: AcquireAbove writes above
+//     a version it knows was issued (a needs-owner wakeup carries the version the
+//     reconciler saw in the stream record), and a holder that takes a stale image
+//     back restores its own version. Residual, under the assumption that clocks
+//     disagree by at most SkewMargin: an acquire with no floor (the start-up pass, a
+//     sweep nudge, a wakeup that carried the rolled-back version) less than
+//     2 × SkewMargin (4 s by default) after the issue of a rolled-back-over version,
+//     by a worker whose clock lags the issuer's, can write a version at or below it.
+//     Since every owner write is conditioned on owner AND version, a repeat matters
+//     to the table only for the same worker id; to a consumer following the rule in
+//     docs/SINKS.md it makes that owner's records look stale until the next change
+//     of owner.
+//   - An acquire whose write may have landed but whose read-back failed too says so
+//     (AmbiguousAcquire, wrapping ErrUnavailable) with the stamp the write carries
+//     (status "acquired", status_at_ms), so the caller can recognise its own write
+//     later; an item still showing both names the caller with nothing written since.
 //   - An operator's edit of a lease field never strands a connection (see
 //     docs/MEMBERSHIP.md, "Operator edits"). A lease_version that is absent or not an
 //     integer is repaired: restored by its owner's next write, replaced by a fresh

@@ -170,3 +170,22 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 		t.Fatalf("acquire with the table unreachable: %v", err)
 	}
 }
+
+// An acquire whose write landed but whose response and read-back were both lost
+// cannot say who holds the lease. It says so with AmbiguousAcquire, carrying the
+// stamp that tells the write apart, so the caller can find it later: the item names
+// the caller with status "acquired" at that stamp.
+func TestAmbiguousAcquireCarriesItsStamp(t *testing.T) {
+	f := newFixture(t)
+	d := &dropper{drop: map[string]int{"UpdateItem": 1}, fail: map[string]int{"GetItem": 1}}
+	s := f.store(f.env.Client(d, func(o *dynamodb.Options) { o.RetryMaxAttempts = 1 }), 0)
+	f.put(started("amb"))
+	_, err := s.Acquire(f.ctx, "amb", "w1")
+	var amb *lease.AmbiguousAcquire
+	if !errors.As(err, &amb) || !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("acquire with its response and read-back lost: %v, want AmbiguousAcquire wrapping ErrUnavailable", err)
+	}
+	if c := f.get("amb"); c.LeaseOwner != "w1" || c.Status != lease.StatusAcquired || c.StatusAtMs != amb.StampMs {
+		t.Fatalf("item %+v does not show the write stamped %d", c, amb.StampMs)
+	}
+}

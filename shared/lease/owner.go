@@ -124,3 +124,24 @@ func (s *Store) ownerWriteIf(ctx context.Context, op string, l Lease, upd expres
 			op, l.ID, ErrLost, cur.LeaseOwner, codec.Describe(raw[schema.AttrLeaseVersion]), l.Version)
 	}
 }
+
+// Renumber gives l a new fencing version, from the same hybrid logical clock as
+// Acquire (at least l.Version + 1 and at least the wall clock in ms), storing p's
+// checkpoint, in one write conditioned on l's owner and version, and returns the
+// lease under its new version with the item as it now is. An owner that takes up a
+// lease it did not acquire itself in this session (a phantom lease the table names
+// it in, whatever wrote it) renumbers it, so that what it delivers carries a version
+// no earlier session of the connection delivered under. ErrLost, ErrNotFound: as
+// for Checkpoint.
+func (s *Store) Renumber(ctx context.Context, l Lease, p Progress) (Lease, codec.Connection, error) {
+	nv := max(l.Version+1, s.nowMs())
+	set := progress(codec.Item{schema.AttrLeaseVersion: codec.N(nv)}, p, s.nowMs())
+	c, err := s.ownerWrite(ctx, "renumber", l, setAll(set), func(c codec.Connection) bool {
+		return c.LeaseOwner == l.Owner && c.LeaseVersion == nv && c.LastSeq == p.LastSeq
+	})
+	if err != nil {
+		return Lease{}, codec.Connection{}, err
+	}
+	l.Version, l.LastSeq, l.WSURL, l.Spec = nv, p.LastSeq, c.WSURL, c.Spec
+	return l, c, nil
+}

@@ -146,3 +146,26 @@ func TestEpochIsCheckpointed(t *testing.T) {
 		t.Fatalf("acquire: %+v, %v", l, err)
 	}
 }
+
+// Renumber moves a lease to a version above its own, conditioned on owner and
+// version: the old version can write nothing after it, and a lease held by another
+// is refused.
+func TestRenumber(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	f.put(started("rn"))
+	l, err := s.Acquire(f.ctx, "rn", "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nl, c, err := s.Renumber(f.ctx, l, lease.Progress{LastSeq: 7})
+	if err != nil || nl.Version <= l.Version || c.LeaseVersion != nl.Version || c.LastSeq != 7 || nl.WSURL == "" {
+		t.Fatalf("renumber: %+v %+v %v", nl, c, err)
+	}
+	if _, err := s.Checkpoint(f.ctx, l, lease.Progress{LastSeq: 8}); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("checkpoint under the old version: %v, want ErrLost", err)
+	}
+	if _, _, err := s.Renumber(f.ctx, Lease(l, "w2", nl.Version), lease.Progress{}); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("renumber by another worker: %v, want ErrLost", err)
+	}
+}

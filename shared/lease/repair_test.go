@@ -372,3 +372,67 @@ func TestAcquireWrites(t *testing.T) {
 		}
 	}
 }
+
+// Fencing versions after a rollback, with clocks that disagree by up to the skew
+// margin (2 s here). Worker A's clock runs 1 s ahead, B's 1 s behind. A acquires
+// (version ≈ its clock), releases, and a stale image rolls the item back to an
+// older version. Then:
+//   - B acquiring more than the margin after A's version was issued gets a version
+//     above it from its clock alone, whatever the item shows;
+//   - B acquiring at once would get one below it from its clock (the residual the
+//     package doc states); given the version the reconciler saw issued (the stream
+//     record's old image, carried by its wakeup) as a floor, it gets one above.
+func TestVersionsIncreaseUnderClockLag(t *testing.T) {
+	f := newFixture(t)
+	a := f.store(nil, time.Second)
+	b := f.store(nil, -time.Second)
+	rollback := func(t *testing.T, id string) lease.Lease {
+		t.Helper()
+		f.put(started(id))
+		old, err := a.Acquire(f.ctx, id, "wa")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Release(f.ctx, old, lease.Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		image := f.raw(id)
+		la, err := a.Acquire(f.ctx, id, "wa")
+		if err != nil || la.Version <= old.Version {
+			t.Fatalf("second acquire by A: %+v, %v", la, err)
+		}
+		if err := a.Release(f.ctx, la, lease.Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		f.putRaw(image) // the console's stale save: back to old's version, released
+		return la
+	}
+
+	t.Run("beyond the margin: the clock alone", func(t *testing.T) {
+		la := rollback(t, "late")
+		time.Sleep(2*time.Second + 100*time.Millisecond) // past A's issue by more than the margin
+		lb, err := b.Acquire(f.ctx, "late", "wb")
+		if err != nil || lb.Version <= la.Version {
+			t.Fatalf("B's acquire after the margin: %+v, %v; want a version above A's %d", lb, err, la.Version)
+		}
+	})
+
+	t.Run("within the margin: the wakeup's floor", func(t *testing.T) {
+		la := rollback(t, "soon")
+		if lb, err := b.Acquire(f.ctx, "soon", "wb"); err != nil {
+			t.Fatal(err)
+		} else if lb.Version > la.Version {
+			t.Logf("B's clock alone gave %d above A's %d (slow machine); the floor is still checked", lb.Version, la.Version)
+		} else if err := b.Release(f.ctx, lb, lease.Progress{}); err != nil {
+			t.Fatal(err)
+		}
+		la2 := rollback(t, "soon2")
+		lb, err := b.AcquireAbove(f.ctx, "soon2", "wb", la2.Version)
+		if err != nil || lb.Version <= la2.Version {
+			t.Fatalf("B's acquire above %d: %+v, %v", la2.Version, lb, err)
+		}
+		if _, err := b.AcquireAbove(f.ctx, "soon2", "wb", -1); !errors.Is(err, lease.ErrInvalid) {
+			t.Fatalf("negative floor: %v, want ErrInvalid", err)
+		}
+	})
+}

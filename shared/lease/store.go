@@ -21,6 +21,22 @@ var (
 	ErrUnavailable = errors.New("lease store unavailable")
 )
 
+// AmbiguousAcquire is the error of an acquire whose write may have landed but could
+// not be read back (it wraps ErrUnavailable). The write, if it landed, stamped
+// status_at_ms = StampMs with status "acquired": an item that still shows both and
+// names the caller is that write with nothing after it, so the caller holds the
+// lease and no one else can have acquired since.
+type AmbiguousAcquire struct {
+	StampMs int64
+	err     error
+}
+
+func (e *AmbiguousAcquire) Error() string { return e.err.Error() }
+func (e *AmbiguousAcquire) Unwrap() error { return e.err }
+
+// StatusAcquired is the status an acquire writes.
+const StatusAcquired = "acquired"
+
 // Config configures a Store.
 type Config struct {
 	Table string

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 // TestFleetEndToEnd runs 3 workers and 30 connections through stop, start, SIGTERM,
@@ -129,6 +130,11 @@ func TestFleetEndToEnd(t *testing.T) {
 	// At the sink, who delivered what and when: no gap, and never two workers
 	// delivering at once (the socket overlap above is counted apart).
 	dups, staleN := 0, 0
+	// The consumer rule of docs/SINKS.md, as sockfleet tail applies it (sinkrecord.Fence),
+	// over every record in arrival order: what it accepts must hold each position
+	// once, with none missing between the first and the last.
+	var rule sinkrecord.Fence
+	ruleDups, ruleStale, ruleSeen := 0, 0, 0
 	if bad := col.BadHeaders(); len(bad) > 0 {
 		t.Errorf("%d HTTP sink batches whose lease headers disagree with their records, first %s", len(bad), bad[0])
 	}
@@ -175,7 +181,34 @@ func TestFleetEndToEnd(t *testing.T) {
 			}
 			seen[a.Seq] = true
 		}
+		accepted := map[int64]int{}
+		var lo, hi int64
+		for _, a := range col.Arrivals(id) {
+			switch rule.Check(sinkrecord.Record{Conn: id, Seq: a.Seq, Version: a.Version}) {
+			case sinkrecord.Duplicate:
+				ruleDups++
+			case sinkrecord.Stale:
+				ruleStale++
+			default:
+				if len(accepted) == 0 || a.Seq < lo {
+					lo = a.Seq
+				}
+				hi = max(hi, a.Seq)
+				accepted[a.Seq]++
+			}
+		}
+		for seq, n := range accepted {
+			if n > 1 {
+				ruleSeen += n - 1
+				t.Errorf("%s: the consumer rule accepted seq %d %d times", id, seq, n)
+			}
+		}
+		if missing := int(hi-lo+1) - len(accepted); missing > 0 {
+			t.Errorf("%s: the consumer rule accepted %d..%d with %d positions missing", id, lo, hi, missing)
+		}
 	}
+	t.Logf("consumer rule (sinkrecord.Fence, as sockfleet tail): %d duplicates and %d stale records dropped, %d duplicates still seen",
+		ruleDups, ruleStale, ruleSeen)
 	t.Logf("delivered to sinks with %d duplicates over %d connections; %d stale records a consumer following the fencing rule drops", dups, len(ids), staleN)
 	if s := strings.TrimSpace(fmt.Sprint(f.stack.InvokeCount("task-stopped"))); s == "0" {
 		t.Error("no task-stopped event reached the reconciler")

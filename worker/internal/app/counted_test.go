@@ -7,8 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
@@ -138,6 +140,43 @@ func TestCountedDrainIsBreakBeforeMake(t *testing.T) {
 	}
 	if f, taken := w1.Metrics.HandoffFallbacks.Load(), w2.Metrics.HandoffsTaken.Load(); f != 1 || taken != 0 {
 		t.Fatalf("fallbacks %d, taken %d: want the drain's one fallback and no standby", f, taken)
+	}
+	if st := e.up.Stats("c1"); st.MaxClients != 1 {
+		t.Fatalf("%d upstream sockets at once: want one (break-before-make)", st.MaxClients)
+	}
+}
+
+// The same at the worker, for rotations: a counter-mode connection whose spec sets
+// max_lifetime rotates break-before-make against an upstream that ignores the
+// resume point (~200 msg/s, a 250 ms dial), and every message the upstream sent on
+// any socket reaches the sink, by the numbers in the payloads.
+func TestCountedRotationAtTheWorker(t *testing.T) {
+	e := newEnv(t, rate)
+	e.liveHead()
+	e.putConn("c1", schema.Started)
+	e.update("c1", "SET #k = :v", map[string]types.AttributeValue{":v": codec.S("1500ms")},
+		map[string]string{"#k": schema.AttrMaxLifetime})
+	var p payloads
+	w := e.worker("w1", opts{counter: true, sink: payloadSink{p: &p, worker: "w1"}})
+	if r := e.wake(w, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("wake: %+v", r)
+	}
+	waitFor(t, 15*time.Second, "3 rotations", func() bool { return w.Metrics.Rotations.Load() >= 3 })
+	n := p.count("c1", "w1")
+	waitFor(t, 5*time.Second, "the fourth socket streaming", func() bool { return p.count("c1", "w1") >= n+20 })
+	if err := w.stop(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "every socket closed", func() bool { return e.up.Stats("c1").Sockets == 0 })
+	spans := e.up.SentSpans("c1")
+	tally := demoupstream.Count(spans, p.numbers("c1"))
+	t.Logf("%d sockets: %d numbers sent, %d delivered, %d missing, %d duplicates, %d never sent (between sockets)",
+		len(spans), tally.Sent, tally.Delivered, len(tally.Missing), tally.Duplicates, tally.Unsent)
+	if len(tally.Missing) > 0 {
+		t.Fatalf("%d messages the upstream sent were never delivered (first %d)", len(tally.Missing), tally.Missing[0])
+	}
+	if p.bad > 0 || len(spans) < 4 || tally.Sent < 400 {
+		t.Fatalf("%d frames without a number; %d sockets, %d sent", p.bad, len(spans), tally.Sent)
 	}
 	if st := e.up.Stats("c1"); st.MaxClients != 1 {
 		t.Fatalf("%d upstream sockets at once: want one (break-before-make)", st.MaxClients)

@@ -55,6 +55,14 @@ type Counters struct {
 	BackstopReads       atomic.Int64 // BatchGetItem requests of the backstop
 	BackstopReadUnits   atomic.Int64 // their read units, in thousandths
 	ReleaseRetries      atomic.Int64 // releases retried after a failure
+	// The backstop's reconciliation (owner/reconcile.go): lease_owner index queries
+	// and their read units (thousandths), leases that named this worker although it
+	// ran no session, and of those the ones taken up and the ones released.
+	ReconcileQueries   atomic.Int64
+	ReconcileReadUnits atomic.Int64
+	PhantomsFound      atomic.Int64
+	PhantomsAdopted    atomic.Int64
+	PhantomsReleased   atomic.Int64
 
 	// Per-connection spec (docs/CONNECTIONS.md).
 	SeqResets     atomic.Int64 // upstream numbering restarted (accepted or halted)
@@ -118,6 +126,11 @@ var table = []series{
 	{"sockfleet_checkpoints_total", "Checkpoint writes.", false, func(c *Counters) *atomic.Int64 { return &c.Checkpoints }},
 	{"sockfleet_backstop_reads_total", "BatchGetItem requests of the backstop.", false, func(c *Counters) *atomic.Int64 { return &c.BackstopReads }},
 	{"sockfleet_backstop_read_milliunits_total", "Read units of the backstop, in thousandths.", false, func(c *Counters) *atomic.Int64 { return &c.BackstopReadUnits }},
+	{"sockfleet_reconcile_queries_total", "Queries of the lease_owner index for items naming this worker (the reconciliation).", false, func(c *Counters) *atomic.Int64 { return &c.ReconcileQueries }},
+	{"sockfleet_reconcile_read_milliunits_total", "Read units of the reconciliation, in thousandths.", false, func(c *Counters) *atomic.Int64 { return &c.ReconcileReadUnits }},
+	{"sockfleet_phantoms_found_total", "Items naming this worker that it did not run.", false, func(c *Counters) *atomic.Int64 { return &c.PhantomsFound }},
+	{"sockfleet_phantoms_adopted_total", "Phantom leases adopted after their quarantine.", false, func(c *Counters) *atomic.Int64 { return &c.PhantomsAdopted }},
+	{"sockfleet_phantoms_released_total", "Phantom leases released (not STARTED).", false, func(c *Counters) *atomic.Int64 { return &c.PhantomsReleased }},
 	{"sockfleet_release_retries_total", "Releases retried after a failure.", false, func(c *Counters) *atomic.Int64 { return &c.ReleaseRetries }},
 	{"sockfleet_wakeups_refused_total", "Wakeup and handoff requests refused (401, 400, 413, 503).", false, func(c *Counters) *atomic.Int64 { return &c.WakeupsRefused }},
 	{"sockfleet_registry_errors_total", "Worker registry calls that failed.", false, func(c *Counters) *atomic.Int64 { return &c.RegistryErrors }},

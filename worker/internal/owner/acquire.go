@@ -17,6 +17,18 @@ const detailStandingBy = "standing by for a handoff to this worker, not its owne
 
 // Acquire tries to take connection id and start streaming it.
 func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
+	return m.acquire(ctx, id, 0)
+}
+
+// floorAcquirer is a store that can acquire above a version floor
+// (lease.Store.AcquireAbove).
+type floorAcquirer interface {
+	AcquireAbove(ctx context.Context, id, worker string, floor int64) (lease.Lease, error)
+}
+
+// acquire is Acquire writing a version above floor (a needs-owner wakeup's
+// lease_version: one the reconciler saw issued), when the store can.
+func (m *Manager) acquire(ctx context.Context, id string, floor int64) (wakeup.Result, string) {
 	m.mu.Lock()
 	switch {
 	case m.draining:
@@ -43,7 +55,13 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 	m.mu.Unlock()
 
 	t0 := time.Now()
-	l, err := m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
+	var l lease.Lease
+	var err error
+	if fa, ok := m.cfg.Store.(floorAcquirer); ok && floor > 0 {
+		l, err = fa.AcquireAbove(ctx, id, m.cfg.WorkerID, floor)
+	} else {
+		l, err = m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
+	}
 
 	m.mu.Lock()
 	delete(m.acquiring, id)
@@ -74,6 +92,13 @@ func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string
 	case errors.Is(err, lease.ErrNotStarted), errors.Is(err, lease.ErrNotFound), errors.Is(err, lease.ErrInvalid):
 		return wakeup.NotStartable, err.Error()
 	default:
+		var amb *lease.AmbiguousAcquire
+		if errors.As(err, &amb) && m.cfg.Member != nil {
+			// The table may name this worker now: find out once it answers again.
+			m.mu.Lock()
+			m.unresolved[id] = amb.StampMs
+			m.mu.Unlock()
+		}
 		m.cfg.Log.Warn("acquire failed", "conn", id, "err", err)
 		return wakeup.Failed, err.Error()
 	}
@@ -131,11 +156,11 @@ func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn, targets func() ([]
 		case <-ctx.Done():
 			return wakeup.Failed, "stopping the lost session: " + ctx.Err().Error()
 		}
-		return m.Acquire(ctx, c.ID)
+		return m.acquire(ctx, c.ID, c.LeaseVersion)
 	case c.Reason == wakeup.Check:
 		return wakeup.LostRace, "not held by this worker"
 	}
-	r, detail := m.Acquire(ctx, c.ID)
+	r, detail := m.acquire(ctx, c.ID, c.LeaseVersion)
 	if (r == wakeup.LostRace || detail == detailStandingBy) && m.ho != nil {
 		if r2, d2, ok := m.adoptNamed(ctx, c.ID); ok {
 			return r2, d2

@@ -116,8 +116,8 @@ func New(cfg Config) (*Manager, error) {
 		cfg:       cfg,
 		fence:     FenceAfter(cfg.Lease, cfg.RenewDeadline, cfg.SkewMargin),
 		conns:     map[string]*owned{},
-		acquiring: map[string]bool{},
-		started:   time.Now(),
+		acquiring: map[string]bool{}, unresolved: map[string]int64{},
+		started: time.Now(),
 	}
 	m.base, m.cancelBase = context.WithCancelCause(context.Background())
 	if cfg.Member != nil {

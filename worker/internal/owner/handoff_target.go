@@ -8,6 +8,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
@@ -177,7 +178,7 @@ func (m *Manager) commit(ctx context.Context, r peer.Request) peer.Response {
 			return res
 		}
 	}
-	return m.adopt(ctx, r.Conn, r.Version, r.Seq, r.Epoch, "committed without a usable standby")
+	return m.adopt(ctx, r.Conn, r.Version, r.Seq, r.Epoch, "committed without a usable standby", false)
 }
 
 // promote makes sb's stream the owner's at version, delivering after cut. ok false:
@@ -224,19 +225,27 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 }
 
 // adopt takes up a lease the table names this worker for at version (transferred to
-// it, its standby gone or never committed) with checkpoint seq: one conditional
-// write (owner = me AND version) confirms it, then it streams from seq. If this
-// worker cannot run it, it releases it for the next owner.
-func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string) peer.Response {
+// it, its standby gone or never committed; or a phantom lease the reconciliation
+// found, reconcile.go) with checkpoint seq: one conditional write (owner = me AND
+// version) confirms it, then it streams from seq. If this worker cannot run it, or
+// the confirming write fails for any reason but the lease being gone, it releases
+// it (conditioned on owner and version, and retried after the next membership
+// renew if the table did not answer): a refusal never leaves the table naming a
+// worker that runs nothing.
+//
+// renumber: the lease was not written for this worker by a protocol step it can
+// name (a phantom the reconciliation found), so the confirming write also gives it a
+// new version (lease.Store.Renumber), above any an earlier session delivered under.
+func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int64, why string, renumber bool) peer.Response {
 	m.mu.Lock()
 	switch o := m.conns[id]; {
 	case o != nil && o.lease.Version == version:
 		m.mu.Unlock()
 		return answer(peer.Committed, "already delivering under this version")
-	case o != nil || m.acquiring[id] || m.ho.standby[id] != nil:
+	case o != nil || m.acquiring[id] || (m.ho != nil && m.ho.standby[id] != nil):
 		m.mu.Unlock()
 		return refused("held, being taken, or standing by here")
-	case m.ho.endedAt(id) >= version:
+	case m.ho != nil && m.ho.endedAt(id) >= version:
 		m.mu.Unlock()
 		return refused("version %d already ended here", version)
 	}
@@ -256,9 +265,26 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 		return refused("draining or fenced: released for the next owner")
 	}
 	t0 := time.Now()
-	c, err := m.ho.cfg.Store.Checkpoint(ctx, l, p)
-	if err != nil {
+	var c codec.Connection
+	var err error
+	if renumber {
+		var nl lease.Lease
+		nl, c, err = m.cfg.Member.Store.Renumber(ctx, l, p)
+		if err == nil {
+			l = nl
+		}
+	} else {
+		c, err = m.confirmer().Checkpoint(ctx, l, p)
+	}
+	switch {
+	case errors.Is(err, lease.ErrLost), errors.Is(err, lease.ErrNotFound):
 		return refused("confirm the lease: %v", err)
+	case err != nil:
+		// Unknown or failed: the table may still name this worker. Give it back so
+		// the reconciler finds it an owner; the release matches only this lease.
+		p.Status, p.Error = "released", "adopt not confirmed: "+err.Error()
+		m.release(l, p)
+		return refused("confirm the lease: %v; released for the next owner", err)
 	}
 	l.WSURL, l.Spec = c.WSURL, c.Spec
 	m.mu.Lock()
@@ -274,8 +300,18 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	m.mu.Unlock()
 	m.act(o, c) // stopped or changed meanwhile: act as a checkpoint would
 	m.cfg.Metrics.HandoffsAdopted.Add(1)
-	m.cfg.Log.Info("adopted a lease handed to this worker", "conn", id, "version", version, "after", seq, "why", why)
+	m.cfg.Log.Info("adopted a lease naming this worker", "conn", id, "version", version, "after", seq, "why", why)
 	return answer(peer.Committed, why)
+}
+
+// confirmer is the store adopt confirms a lease with.
+func (m *Manager) confirmer() interface {
+	Checkpoint(ctx context.Context, l lease.Lease, p lease.Progress) (codec.Connection, error)
+} {
+	if m.ho != nil {
+		return m.ho.cfg.Store
+	}
+	return m.cfg.Member.Store
 }
 
 // standbyExpired: no commit came in time. The item says whether the old owner
@@ -286,11 +322,19 @@ func (m *Manager) standbyExpired(sb *standby) {
 	m.mu.Lock()
 	live := m.ho.standby[sb.id] == sb
 	m.mu.Unlock()
-	if !live {
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
 	defer cancel()
+	if !live {
+		// The standby ended before its timer (its socket or its buffer gave up), so a
+		// commit sent since found nothing to promote, or was lost: the table may name
+		// this worker all the same. Read it, as for a live standby.
+		if !m.runs(sb.id) && !m.Draining() {
+			if _, detail, ok := m.adoptNamed(ctx, sb.id); ok {
+				m.cfg.Log.Info("standby ended before its commit; the item named this worker", "conn", sb.id, "detail", detail)
+			}
+		}
+		return
+	}
 	c, err := m.ho.cfg.Store.Get(ctx, sb.id)
 	switch {
 	case err != nil && !errors.Is(err, lease.ErrNotFound):
@@ -299,7 +343,7 @@ func (m *Manager) standbyExpired(sb *standby) {
 		sb.timer.Reset(m.cfg.RenewInterval)
 	case err == nil && c.LeaseOwner == m.cfg.WorkerID && c.LeaseVersion > sb.version && c.Status == lease.StatusHandedOff:
 		if _, ok := m.promote(ctx, sb, c.LeaseVersion, peer.Position{Seq: c.LastSeq, Epoch: c.Epoch}); !ok {
-			m.adopt(ctx, sb.id, c.LeaseVersion, c.LastSeq, c.Epoch, "transferred; no commit came")
+			m.adopt(ctx, sb.id, c.LeaseVersion, c.LastSeq, c.Epoch, "transferred; no commit came", false)
 		}
 		m.cfg.Metrics.HandoffsAdopted.Add(1)
 		m.cfg.Log.Info("standby: no commit came but the item names this worker; took it over", "conn", sb.id, "version", c.LeaseVersion)
@@ -359,7 +403,7 @@ func (m *Manager) adoptNamed(ctx context.Context, id string) (wakeup.Result, str
 			return wakeup.AlreadyOwned, "took over the standby of a handoff whose commit never came", true
 		}
 	}
-	res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "named in the table after a handoff; no commit came")
+	res := m.adopt(ctx, id, c.LeaseVersion, c.LastSeq, c.Epoch, "named in the table after a handoff; no commit came", false)
 	if res.Result == peer.Committed {
 		return wakeup.AlreadyOwned, res.Detail, true
 	}

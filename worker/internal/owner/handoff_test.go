@@ -29,7 +29,7 @@ func TestEndedVersionsBounded(t *testing.T) {
 		}
 		// Just ended: still refused.
 		last := fmt.Sprintf("c%d", n-1)
-		if resp := r.m.adopt(context.Background(), last, 7, 0, 0, "test"); !strings.Contains(resp.Detail, "already ended here") {
+		if resp := r.m.adopt(context.Background(), last, 7, 0, 0, "test", false); !strings.Contains(resp.Detail, "already ended here") {
 			t.Errorf("adopt of a version that just ended here: %+v, want refused as ended", resp)
 		}
 		keep := ho.keepEnded()

@@ -59,6 +59,11 @@ type MemberStore interface {
 	Checkpoint(ctx context.Context, l lease.Lease, p lease.Progress) (codec.Connection, error)
 	ReadOwned(ctx context.Context, ids []string) (map[string]lease.Snapshot, float64, error)
 	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
+	// Naming lists the connections the lease_owner index names worker in (keys only).
+	Naming(ctx context.Context, worker string) ([]string, float64, error)
+	Get(ctx context.Context, id string) (codec.Connection, error)
+	// Renumber gives a lease taken up from the table a new version (reconcile.go).
+	Renumber(ctx context.Context, l lease.Lease, p lease.Progress) (lease.Lease, codec.Connection, error)
 }
 
 // streamMode is the stream-mode regime.
@@ -70,7 +75,8 @@ type streamMode struct {
 
 	stopLoops context.CancelFunc // set by keep
 	loops     sync.WaitGroup
-	lastBack  time.Time // last backstop pass; work loop only
+	lastBack  time.Time              // last backstop pass; work loop only
+	phantoms  map[string]phantomSeen // reconcile.go; work loop only
 
 	mu      sync.Mutex
 	pending map[string]pendingRelease
@@ -226,6 +232,7 @@ func (r *streamMode) workLoop(ctx context.Context) {
 			// A drain retries them itself (leave), and must see every failure.
 			if !r.m.Draining() && r.sess.Err() == nil {
 				r.retryReleases()
+				r.resolveAcquires(ctx)
 			}
 		case <-t.C:
 			r.work(ctx)
@@ -241,6 +248,9 @@ func (r *streamMode) work(ctx context.Context) {
 	if time.Since(r.lastBack) >= r.cfg.BackstopInterval {
 		r.lastBack = time.Now()
 		r.backstop(ctx)
+		r.reconcile(ctx)
+	} else if len(r.phantoms) > 0 {
+		r.adoptDue(ctx)
 	}
 	r.m.cfg.EMF.Put(schema.MetricOwned, r.m.cfg.Metrics.Owned.Load())
 }

@@ -72,6 +72,18 @@ func (f *fakeMembers) ReadOwned(context.Context, []string) (map[string]lease.Sna
 	return nil, 0, nil
 }
 
+func (f *fakeMembers) Naming(context.Context, string) ([]string, float64, error) { return nil, 0, nil }
+
+func (f *fakeMembers) Get(_ context.Context, id string) (codec.Connection, error) {
+	f.t.Errorf("unexpected Get of %s", id)
+	return codec.Connection{}, lease.ErrNotFound
+}
+
+func (f *fakeMembers) Renumber(_ context.Context, l lease.Lease, _ lease.Progress) (lease.Lease, codec.Connection, error) {
+	f.t.Errorf("unexpected Renumber of %s", l.ID)
+	return lease.Lease{}, codec.Connection{}, lease.ErrLost
+}
+
 func (f *fakeMembers) ReleaseAllOwnedBy(context.Context, string) ([]string, error) {
 	f.t.Error("unexpected ReleaseAllOwnedBy")
 	return nil, nil

@@ -27,6 +27,10 @@ type Manager struct {
 	conns     map[string]*owned
 	acquiring map[string]bool
 	draining  bool
+	// unresolved: acquires whose write may have landed (lease.AmbiguousAcquire), by
+	// id, with the stamp that tells the write apart; resolved after the next
+	// successful membership renew (reconcile.go).
+	unresolved map[string]int64
 
 	started time.Time // monotonic base of the offsets kept in owned and the regimes
 	running atomic.Bool
