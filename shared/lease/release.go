@@ -70,8 +70,8 @@ func (s *Store) ReleaseStale(ctx context.Context, id, owner string, version, hol
 	}
 	now := s.nowMs()
 	fresh := max(holderVersion+1, now+s.cfg.SkewMargin.Milliseconds())
-	note := fmt.Sprintf("stale image: %s %q at version %d replaced a lease at version %d; released with version %d",
-		schema.AttrLeaseOwner, owner, version, holderVersion, fresh)
+	note := fmt.Sprintf("%s %q at version %d runs no session (a stale image, a hand-made item or a hand-edited lease); released with version %d",
+		schema.AttrLeaseOwner, owner, version, fresh)
 	atVersion := nameVersion.Equal(num(version))
 	if version == 0 { // what a record shows for an absent or unusable version
 		atVersion = expression.Or(nameVersion.AttributeNotExists(), atVersion, expression.Not(nameVersion.AttributeType(expression.Number)))

@@ -322,15 +322,18 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 				continue
 			}
 			out[d.ID] = dispatch.Outcome{Done: true, Why: "reported on the item: " + d.Problem}
-		case d.Why != records.WhyStale || !o.Done:
+		case !d.AsksHolder() || !o.Done:
 		case o.Result != "" && o.Result != wakeup.LostRace && o.Result != wakeup.NotStartable:
 		case d.Image.Owner != "":
 			err := h.d.Leases.ReleaseStale(ctx, d.ID, d.Image.Owner, d.Image.Version, d.LeaseVersion)
 			switch {
 			case err == nil:
-				h.d.Log.InfoContext(ctx, "stale image released", "id", d.ID, "stale_owner", d.Image.Owner,
-					"stale_version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
-				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease released"}
+				h.d.Log.InfoContext(ctx, "lease nobody runs released", "id", d.ID, "why", d.Why, "named_owner", d.Image.Owner,
+					"version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
+				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "lease nobody runs released"}
+				// Its release record may not say so (an item whose expiry was already 0):
+				// find an owner now.
+				needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, Why: d.Why})
 			case errors.Is(err, lease.ErrLost):
 				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
 			default:
