@@ -44,7 +44,7 @@ func str(s string) expression.ValueBuilder { return expression.Value(codec.S(s))
 func FreeCondition(staleMs int64) expression.ConditionBuilder {
 	return expression.Or(
 		expression.And(nameOwner.AttributeNotExists(), expression.Or(nameExpires.AttributeNotExists(), nameExpires.Equal(num(0)))),
-		expression.And(nameExpires.GreaterThan(num(0)), nameExpires.LessThan(num(staleMs))))
+		expression.And(nameExpires.NotEqual(num(0)), nameExpires.LessThan(num(staleMs))))
 }
 
 // ReleasedCondition is the condition that the item names no owner, has no expiry, or
@@ -65,7 +65,7 @@ func free(raw codec.Item, staleMs int64) bool {
 		return ownerless
 	}
 	e, err := codec.Int(raw, schema.AttrLeaseExpires)
-	return err == nil && ((ownerless && e == 0) || (e > 0 && e < staleMs))
+	return err == nil && ((ownerless && e == 0) || (e != 0 && e < staleMs))
 }
 
 // startedCondition: the item exists and its desired_state is STARTED.

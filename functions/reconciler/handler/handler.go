@@ -331,9 +331,11 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 				h.d.Log.InfoContext(ctx, "lease nobody runs released", "id", d.ID, "why", d.Why, "named_owner", d.Image.Owner,
 					"version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
 				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "lease nobody runs released"}
-				// Its release record may not say so (an item whose expiry was already 0):
-				// find an owner now.
-				needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, Why: d.Why})
+				if d.Why == records.WhyExpiryDamaged {
+					// Its release record says nothing new (the expiry was 0 already, or
+					// absent, so the old image was not owned): find an owner now.
+					needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, Why: d.Why})
+				}
 			case errors.Is(err, lease.ErrLost):
 				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
 			default:
