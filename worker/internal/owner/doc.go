@@ -39,6 +39,30 @@
 //     membership renew.
 //   - A wakeup about a lease this worker holds is answered after a conditional write
 //     that reads the item, never from memory.
+//   - No operator edit yields two deliverers or none. An edit of an owned item
+//     reaches its holder by one of two paths, and by either the holder makes one
+//     owner write before it decides anything: a check wakeup (the reconciler sends
+//     one for every record it can read as an edit: a version that fell or an owner
+//     changed without a higher version, an inserted item naming an owner, an expiry
+//     deleted or zeroed under an owner), or, where no record passes a filter, the
+//     checkpoint of a streaming connection (at most CheckpointInterval plus one renew
+//     tick) or the backstop read (BackstopInterval), which compares the owner, the
+//     version, the expiry, the spec and the fields no write repairs. The owner write
+//     takes the lease back under the lease store's rule (shared/lease: a lease below
+//     its version, or at its version under another or no owner, has no session), so
+//     the holder keeps streaming and nobody else acquires in between: an acquire
+//     needs a free lease, and the edits that are not free (a stale owned image, an
+//     owner or expiry alone) stay so until the holder's write. It stops (ErrLost)
+//     only under a higher version, which only an acquire or a transfer writes, after
+//     the previous session ended; so at no moment do two sessions deliver. An item
+//     the named owner does not run (created or duplicated naming it, deleted and
+//     recreated after it stopped, an expiry damaged after it stopped) is released by
+//     the reconciler once that owner answered the check that it does not hold it,
+//     and offered to a worker, within the stream's latency. A field no write repairs
+//     (nudged_at_ms, seq_epoch) mistyped on an owned item stops it with status
+//     invalid naming the field, found by the same checkpoint or backstop read; the
+//     release is not news to the reconciler, so nobody acquires it again until it is
+//     fixed.
 //   - Run joins every goroutine it started, including connection goroutines.
 //   - Planned handoff (stream mode, Config.Handoff; handoff*.go, docs/HANDOFF.md):
 //     the old owner stops delivering (its stream returns, everything read delivered)
@@ -51,7 +75,15 @@
 //     cannot be prepared ends in the release above, saying why in status_error; a
 //     drain hands off first and releases what is left, within DrainTimeout.
 //
-// Non-guarantees: delivery is at least once. Messages delivered after the last
+// Non-guarantees: an edit the holder finds at its checkpoint or backstop read (a
+// stale image whose lease looks live, lease_owner deleted or set to another worker)
+// is found up to one checkpoint interval later for a streaming connection and one
+// backstop interval for an idle one; the connection streams on meanwhile. A stale
+// image naming a dead member can be released by the reconciler's dead-member pass
+// (the retries within RetryFor of its death, or the sweep) before the holder's next
+// owner write; another worker may then deliver until that write, which stops the
+// holder: at most one checkpoint interval (streaming) or backstop interval (idle).
+// Delivery is at least once. Messages delivered after the last
 // checkpoint are delivered again by the next owner if this worker dies without
 // releasing; that window is one checkpoint interval (stream mode) or one renew
 // interval (polling mode) of traffic.
