@@ -63,6 +63,7 @@
 //     acquire or transfer and the holder stops (ErrLost) before writing anything.
 //     The reclaim is conditioned on owner, expiry and version exactly as read, so it
 //     cannot overwrite an acquire that raced it.
+//
 // Non-guarantees: the store does not stop a caller from streaming after it lost a
 // lease. The worker fences itself on its monotonic clock (see worker/internal/owner);
 // this package only makes sure the table never believes two owners at once. The
