@@ -23,6 +23,7 @@ var (
 	nameExpires     = name(schema.AttrLeaseExpires)
 	nameVersion     = name(schema.AttrLeaseVersion)
 	nameStatusError = name(schema.AttrStatusError)
+	nameUnheld      = name(schema.AttrUnheldSince)
 )
 
 func name(attr string) expression.NameBuilder { return expression.NameNoDotSplit(attr) }

@@ -72,7 +72,7 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 	}
 	set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(note), codec.S(repairNote(now, note))
 	conds = append(conds, valueIs(nameVersion, rawV))
-	_, err := s.write(ctx, l.ID, setAll(set), all(append([]expression.ConditionBuilder{namePK.AttributeExists()}, conds...)...),
+	_, err := s.write(ctx, l.ID, setAll(set).Remove(nameUnheld), all(append([]expression.ConditionBuilder{namePK.AttributeExists()}, conds...)...),
 		types.ReturnValueNone)
 	switch {
 	case err == nil:
