@@ -293,13 +293,12 @@ func TestConsoleEdits(t *testing.T) {
 // and still does at end, and says how soon it did.
 func streamingRow(t *testing.T, f *testFleet, r *consoleRow, c codec.Connection, arr []fleet.Arrival, end time.Time, live map[string]bool) string {
 	t.Helper()
-	// The longest silence at the sink from the edit on: the time from the last
-	// arrival before (or the edit itself) to the next.
+	// The longest silence at the sink from the edit on (a silence before it is not
+	// the edit's doing).
 	prev, silence := r.at, time.Duration(0)
 	var resumed time.Duration
 	for _, a := range arr {
 		if a.At.Before(r.at) {
-			prev = a.At
 			continue
 		}
 		if gap := a.At.Sub(prev); gap > silence {
