@@ -71,8 +71,9 @@
 // clock in ms, so after a console rollback of the version an acquirer whose clock is
 // behind the holder's by more than the time since the holder's acquire could be
 // handed a lower version. That takes a release of the rolled-back lease between the
-// edit and the holder's next owner write (the reconciler asks the holder first; the
-// sweep's nudge waits NudgeAfter) and a clock off by more than the skew margin.
+// edit and the holder's next owner write (the reconciler asks the holder first, and
+// its releases and nudges of leases nobody answers for wait NudgeAfter:
+// ReleaseAllOwnedByAfter) and a clock off by more than the skew margin.
 // The holder finds an edit only at its next owner write: its checkpoint, or its
 // backstop read for an idle connection; that is the bound where no stream record
 // passes a filter (docs/MEMBERSHIP.md).

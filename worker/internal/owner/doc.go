@@ -51,8 +51,11 @@
 //     takes the lease back under the lease store's rule (shared/lease: a lease below
 //     its version, or at its version under another or no owner, has no session), so
 //     the holder keeps streaming and nobody else acquires in between: an acquire
-//     needs a free lease, and the edits that are not free (a stale owned image, an
-//     owner or expiry alone) stay so until the holder's write. It stops (ErrLost)
+//     needs a free lease, the edits that are not free (a stale owned image, an owner
+//     or expiry alone) stay so until the holder's write, and the reconciler frees
+//     one without a record that names its holder only after a mark held NudgeAfter
+//     (shared/lease ReleaseAllOwnedByAfter, the sweep's nudge), longer than the
+//     holder takes. It stops (ErrLost)
 //     only under a higher version, which only an acquire or a transfer writes, after
 //     the previous session ended; so at no moment do two sessions deliver. An item
 //     the named owner does not run (created or duplicated naming it, deleted and
@@ -77,12 +80,14 @@
 //
 // Non-guarantees: an edit the holder finds at its checkpoint or backstop read (a
 // stale image whose lease looks live, lease_owner deleted or set to another worker)
-// is found up to one checkpoint interval later for a streaming connection and one
-// backstop interval for an idle one; the connection streams on meanwhile. A stale
-// image naming a dead member can be released by the reconciler's dead-member pass
-// (the retries within RetryFor of its death, or the sweep) before the holder's next
-// owner write; another worker may then deliver until that write, which stops the
-// holder: at most one checkpoint interval (streaming) or backstop interval (idle).
+// is repaired in the table up to one checkpoint interval later for a streaming
+// connection and one backstop interval for an idle one; the holder streams on
+// meanwhile, and the reconciler's own repairs of what nobody answers for (the
+// dead-member pass's later releases, the sweep's nudges) wait NudgeAfter, which must
+// exceed BackstopInterval plus RenewInterval. A stale image naming a member that is
+// declared dead by the same pass that releases it (the image written while that
+// member was still live, the holder's write not yet made) is released at once; a
+// second worker may then deliver until the holder's next owner write.
 // Delivery is at least once. Messages delivered after the last
 // checkpoint are delivered again by the next owner if this worker dies without
 // releasing; that window is one checkpoint interval (stream mode) or one renew
