@@ -4,7 +4,9 @@
 //   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
 //     each record is classified (functions/reconciler/records) and the workers that
 //     must act are woken; an unusable item's problem is written on the item, and a
-//     stale image is repaired once its displaced holder no longer holds the lease.
+//     lease nobody may run (a stale image, an inserted item naming an owner, an
+//     expiry deleted under an owner) is released once the worker asked about it
+//     answered that it does not hold it, or is not a live member.
 //     The answer lists, by SequenceNumber, only the records that still need action
 //     and could not be delivered anywhere; a record that will not decode is logged
 //     with its key and skipped, never retried.
