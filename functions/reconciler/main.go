@@ -85,7 +85,7 @@ func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {
 		Leases:   leases,
 		Sweeper:  sw,
 		Sender:   sender,
-		Members:  &reaper.Reaper{Registry: reg, Leases: leases, Skew: skew, Log: log},
+		Members:  &reaper.Reaper{Registry: reg, Leases: leases, Skew: skew, Hold: nudge, Log: log},
 		Rounds:   rr,
 		Log:      log,
 		Metrics:  os.Stdout, // EMF lines; CloudWatch turns them into metrics

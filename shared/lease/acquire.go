@@ -72,7 +72,7 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	if try.note != "" {
 		set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(try.note), codec.S(repairNote(now, try.note))
 	}
-	upd := setAll(set)
+	upd := setAll(set).Remove(nameUnheld)
 	if try.note == "" {
 		upd = upd.Remove(nameStatusError)
 	}
@@ -85,6 +85,7 @@ func (s *Store) acquireOnce(ctx context.Context, id, worker string, now int64, t
 	if err == nil {
 		after := make(codec.Item, len(old)+len(set))
 		maps.Copy(after, old)
+		delete(after, schema.AttrUnheldSince)
 		if try.note == "" {
 			delete(after, schema.AttrStatusError)
 		}

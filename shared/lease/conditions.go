@@ -23,6 +23,7 @@ var (
 	nameExpires     = name(schema.AttrLeaseExpires)
 	nameVersion     = name(schema.AttrLeaseVersion)
 	nameStatusError = name(schema.AttrStatusError)
+	nameUnheld      = name(schema.AttrUnheldSince)
 )
 
 func name(attr string) expression.NameBuilder { return expression.NameNoDotSplit(attr) }
@@ -32,19 +33,26 @@ func num(n int64) expression.ValueBuilder { return expression.Value(codec.N(n)) 
 func str(s string) expression.ValueBuilder { return expression.Value(codec.S(s)) }
 
 // FreeCondition is the condition that a lease is free to take at staleMs (the
-// taker's clock less the skew margin, in epoch ms): it names no owner, has no expiry,
-// is released (expiry 0), or expired before staleMs. A membership lease
-// (schema.LeaseHeldByMember) never expires, so it is free only once released. Acquire
-// writes under it; a query for candidates may filter with it, but only Acquire's
-// write decides.
+// taker's clock less the skew margin, in epoch ms): it names no owner and has no
+// expiry or is released (expiry 0), or its expiry passed before staleMs. A membership
+// lease (schema.LeaseHeldByMember) never expires, so it is free only once released.
+// A lease with one of its two fields missing is not free: a release writes both (no
+// owner, expiry 0), so an owner with no expiry or an expiry with no owner is an
+// operator's edit of a lease someone may still hold, and only that holder or the
+// reconciler, after asking it, puts it right (see the package doc). Acquire writes
+// under it; a query for candidates may filter with it, but only Acquire's write
+// decides.
 func FreeCondition(staleMs int64) expression.ConditionBuilder {
-	return expression.Or(nameOwner.AttributeNotExists(), nameExpires.AttributeNotExists(),
-		nameExpires.Equal(num(0)), nameExpires.LessThan(num(staleMs)))
+	return expression.Or(
+		expression.And(nameOwner.AttributeNotExists(), expression.Or(nameExpires.AttributeNotExists(), nameExpires.Equal(num(0)))),
+		expression.And(nameExpires.NotEqual(num(0)), nameExpires.LessThan(num(staleMs))))
 }
 
-// ReleasedCondition is FreeCondition without the expiry clause: the item names no
-// owner, has no expiry, or is released (expiry 0). It needs no clock: writes that
-// must never race a live owner, however late, use it.
+// ReleasedCondition is the condition that the item names no owner, has no expiry, or
+// is released (expiry 0). It needs no clock: writes that must never race a live
+// owner's checkpoint, however late, use it (a report on an unusable item, the
+// sweep's nudge). It is wider than FreeCondition: a lease with one field missing
+// matches it, so the sweep's nudge brings such an item to the reconciler.
 func ReleasedCondition() expression.ConditionBuilder {
 	return expression.Or(nameOwner.AttributeNotExists(), nameExpires.AttributeNotExists(),
 		nameExpires.Equal(num(0)))
@@ -53,11 +61,12 @@ func ReleasedCondition() expression.ConditionBuilder {
 // free is FreeCondition evaluated on a raw item (DynamoDB compares a number with a
 // string as false, so an unusable expiry is not free).
 func free(raw codec.Item, staleMs int64) bool {
-	if raw[schema.AttrLeaseOwner] == nil || raw[schema.AttrLeaseExpires] == nil {
-		return true
+	ownerless := raw[schema.AttrLeaseOwner] == nil
+	if raw[schema.AttrLeaseExpires] == nil {
+		return ownerless
 	}
 	e, err := codec.Int(raw, schema.AttrLeaseExpires)
-	return err == nil && (e == 0 || e < staleMs)
+	return err == nil && ((ownerless && e == 0) || (e != 0 && e < staleMs))
 }
 
 // startedCondition: the item exists and its desired_state is STARTED.

@@ -29,17 +29,22 @@ func TestFreeConditionMatchesItsMirror(t *testing.T) {
 		item           codec.Item
 		free, released bool
 	}{
-		"unowned":        {codec.Item{}, true, true},
-		"no expiry":      {codec.Item{schema.AttrLeaseOwner: codec.S("w")}, true, true},
-		"expiry only":    {codec.Item{schema.AttrLeaseExpires: codec.N(stale + 1)}, true, true},
-		"released":       {owned(codec.N(0)), true, true},
-		"expired":        {owned(codec.N(stale - 1)), true, false},
-		"negative":       {owned(codec.N(-5)), true, false},
-		"at stale":       {owned(codec.N(stale)), false, false},
-		"live":           {owned(codec.N(stale + 1)), false, false},
-		"membership":     {owned(codec.N(schema.LeaseHeldByMember)), false, false},
-		"string expiry":  {owned(codec.S("0")), false, false},
-		"boolean expiry": {owned(&types.AttributeValueMemberBOOL{Value: false}), false, false},
+		"unowned": {codec.Item{}, true, true},
+		// A lease with one of its two fields gone is an operator's edit of a lease
+		// someone may hold: not free (a release removes the owner and writes 0).
+		"no expiry":       {codec.Item{schema.AttrLeaseOwner: codec.S("w")}, false, true},
+		"expiry only":     {codec.Item{schema.AttrLeaseExpires: codec.N(stale + 1)}, false, true},
+		"membership only": {codec.Item{schema.AttrLeaseExpires: codec.N(schema.LeaseHeldByMember)}, false, true},
+		"zeroed":          {owned(codec.N(0)), false, true},
+		"released":        {codec.Item{schema.AttrLeaseExpires: codec.N(0)}, true, true},
+		"expired unowned": {codec.Item{schema.AttrLeaseExpires: codec.N(stale - 1)}, true, true},
+		"expired":         {owned(codec.N(stale - 1)), true, false},
+		"negative":        {owned(codec.N(-5)), true, false},
+		"at stale":        {owned(codec.N(stale)), false, false},
+		"live":            {owned(codec.N(stale + 1)), false, false},
+		"membership":      {owned(codec.N(schema.LeaseHeldByMember)), false, false},
+		"string expiry":   {owned(codec.S("0")), false, false},
+		"boolean expiry":  {owned(&types.AttributeValueMemberBOOL{Value: false}), false, false},
 		// A non-integer expiry is where the two differ: DynamoDB compares the number,
 		// free refuses what does not decode. The Go side is the stricter one, the
 		// safe direction: what it calls free, DynamoDB does too.

@@ -18,8 +18,12 @@
 //     version from the same clock as Acquire: the old owner can write nothing after
 //     it, and the lease is never unowned in between.
 //   - Acquire never creates an item and only takes STARTED connections whose lease is
-//     absent, released, or expired by more than the skew margin on the caller's clock;
-//     a membership lease never expires, so it is taken only once released.
+//     free: no owner and no expiry or expiry 0 (released), or an expiry other than 0
+//     that passed more than the skew margin ago on the caller's clock. A lease with
+//     one of its two fields missing (an owner with no or a zero expiry, an expiry
+//     with no owner) is not free: every release writes both, so only an operator
+//     makes one, over a lease someone may still hold. A membership lease never
+//     expires, so it is taken only once released.
 //   - An ambiguous outcome (timeout, 5xx, a dropped response after the write was sent)
 //     is resolved by reading the item back, so callers see the true result.
 //   - ReadOwned is eventually consistent and never writes: callers confirm what it
@@ -59,18 +63,38 @@
 //     docs/MEMBERSHIP.md, "Operator edits"). A lease_version that is absent or not an
 //     integer is repaired: restored by its owner's next write, replaced by a fresh
 //     version at acquire (the wall clock plus the skew margin), and matched as it is
-//     by the sweep's and the crash path's releases. A stale image that rolled the lease
-//     back (a lower version, or the holder's version under another owner) is taken
-//     back by the holder's next write when the stale lease is free by the acquire rule
-//     (released, or expired beyond the margin) or names the holder itself — then nobody
-//     can be streaming under it. An undecodable last_seq is reset to 0 at acquire. Every
-//     repair is conditioned on the item being exactly as read, and is said on the item:
-//     status_error and last_repair name the field and the value.
+//     by the sweep's and the crash path's releases. An undecodable last_seq is reset
+//     to 0 at acquire. Every repair is conditioned on the item being exactly as read,
+//     and is said on the item: status_error and last_repair name the field and the
+//     value.
+//   - One runner per lease, whatever an operator writes (the holder's half of the
+//     invariant "no operator edit yields two deliverers or none"). The holder of l
+//     (owner o, version v) takes the lease back at its next owner write (checkpoint,
+//     renew, release, or the write a check wakeup makes) when the item shows a version
+//     below v, or v under another owner, or v with the owner deleted and the
+//     membership expiry still set; and its stream-mode checkpoint writes the expiry
+//     back. Proof that nobody else can be running under what it overwrites: versions
+//     strictly increase per connection (the fencing invariant), and a lease at
+//     version u is acquired only when free, or transferred only by its holder after it
+//     stopped delivering; so a session at u < v ended (released, fenced, or handed
+//     over) before v was issued, and a version is issued once, so v under any other
+//     name is v itself, edited. Only an outside write can put such a lease on the
+//     item, and no session runs under it. Conversely a version above v is a real
+//     acquire or transfer and the holder stops (ErrLost) before writing anything.
+//     The reclaim is conditioned on owner, expiry and version exactly as read, so it
+//     cannot overwrite an acquire that raced it.
 //
 // Non-guarantees: the store does not stop a caller from streaming after it lost a
 // lease. The worker fences itself on its monotonic clock (see worker/internal/owner);
-// this package only makes sure the table never believes two owners at once. A stale
-// image whose lease still looks live and names another worker is not provably stale
-// to the holder: it stops (ErrLost), and the stale lease is released by the
-// reconciler when its record passes the filter, or by the sweep at its expiry.
+// this package only makes sure the table never believes two owners at once. The
+// reclaim rests on versions strictly increasing: an acquire writes at least the wall
+// clock in ms, so after a console rollback of the version an acquirer whose clock is
+// behind the holder's by more than the time since the holder's acquire could be
+// handed a lower version. That takes a release of the rolled-back lease between the
+// edit and the holder's next owner write (the reconciler asks the holder first, and
+// its releases and nudges of leases nobody answers for wait NudgeAfter:
+// ReleaseAllOwnedByAfter) and a clock off by more than the skew margin.
+// The holder finds an edit only at its next owner write: its checkpoint, or its
+// backstop read for an idle connection; that is the bound where no stream record
+// passes a filter (docs/MEMBERSHIP.md).
 package lease

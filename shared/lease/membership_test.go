@@ -73,8 +73,8 @@ func TestCheckpoint(t *testing.T) {
 	if _, err := s.Checkpoint(f.ctx, stale, lease.Progress{LastSeq: 99}); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("checkpoint at an old version: %v, want ErrLost", err)
 	}
-	other := l
-	other.Owner = "w2"
+	other := l // a worker whose lease ended before l was acquired: a lower version
+	other.Owner, other.Version = "w2", l.Version-1
 	if _, err := s.Checkpoint(f.ctx, other, lease.Progress{LastSeq: 99}); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("checkpoint by another worker: %v, want ErrLost", err)
 	}

@@ -27,7 +27,13 @@ func (s *Store) Renew(ctx context.Context, l Lease, p Progress) (codec.Connectio
 // stream mode, where the lease lasts as long as the owner's membership. ErrNotFound
 // means the item was deleted; ErrLost means someone else holds it now.
 func (s *Store) Checkpoint(ctx context.Context, l Lease, p Progress) (codec.Connection, error) {
-	set := progress(codec.Item{}, p, s.nowMs())
+	now := s.nowMs()
+	set := progress(codec.Item{}, p, now)
+	if s.cfg.Membership {
+		// The same value the acquire wrote: it puts back an expiry an operator deleted
+		// or zeroed on a lease this owner still holds.
+		set[schema.AttrLeaseExpires] = codec.N(s.expiry(now))
+	}
 	return s.ownerWrite(ctx, "checkpoint", l, setAll(set), func(c codec.Connection) bool {
 		return c.LeaseOwner == l.Owner && c.LeaseVersion == l.Version && c.LastSeq == p.LastSeq
 	})

@@ -62,7 +62,7 @@ func TestRelease(t *testing.T) {
 	s := f.store(nil, 0)
 	f.put(started("r"))
 	l, _ := s.Acquire(f.ctx, "r", "w1")
-	if err := s.Release(f.ctx, Lease(l, "w2", l.Version), lease.Progress{LastSeq: 1}); !errors.Is(err, lease.ErrLost) {
+	if err := s.Release(f.ctx, Lease(l, "w2", l.Version-1), lease.Progress{LastSeq: 1}); !errors.Is(err, lease.ErrLost) {
 		t.Fatalf("release by another worker: %v", err)
 	}
 	if err := s.Release(f.ctx, l, lease.Progress{LastSeq: 55}); err != nil {

@@ -50,20 +50,25 @@ type Snapshot struct {
 	WSURL        string
 	LeaseOwner   string
 	LeaseVersion int64
+	ExpiresAtMs  int64 // 0 if absent or released
 	Spec         schema.Spec
 	SpecErr      error // the spec does not decode
+	// Unrunnable is codec.Connection.Unrunnable of what was read: an unusable field
+	// no write repairs (nudged_at_ms, seq_epoch mistyped by hand) among others.
+	Unrunnable error
 }
 
 // ReadOwned reads ids (at most BatchGetLimit) with one eventually consistent
 // BatchGetItem, projecting only what an owner compares: desired_state, ws_url,
-// lease_owner, lease_version and the spec's attributes (a read costs the whole
+// the lease fields, the fields no write repairs (nudged_at_ms, seq_epoch) and the
+// spec's attributes (a read costs the whole
 // item's size whatever it projects). It returns a snapshot per id (Found false: absent) and
 // the read units DynamoDB reports. Keys DynamoDB leaves unprocessed are absent from
 // the map, to be read next time. An eventually consistent read may be stale: act on
 // a difference only after confirming it with a conditional write (Checkpoint).
 func (s *Store) ReadOwned(ctx context.Context, ids []string) (map[string]Snapshot, float64, error) {
-	attrs := append([]string{schema.AttrDesiredState, schema.AttrWSURL, schema.AttrLeaseOwner, schema.AttrLeaseVersion},
-		codec.SpecAttrs()...)
+	attrs := append([]string{schema.AttrDesiredState, schema.AttrWSURL, schema.AttrLeaseOwner, schema.AttrLeaseVersion,
+		schema.AttrLeaseExpires, schema.AttrNudgedAt, schema.AttrEpoch}, codec.SpecAttrs()...)
 	items, units, err := ReadItems(ctx, s.db, s.cfg.Table, ids, attrs...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("read owned: %w", err)
@@ -83,7 +88,7 @@ func (s *Store) ReadOwned(ctx context.Context, ids []string) (map[string]Snapsho
 			st = "" // unusable: the caller confirms, and the checkpoint's item says why
 		}
 		snaps[id] = Snapshot{Found: true, DesiredState: st, WSURL: c.WSURL, LeaseOwner: c.LeaseOwner, LeaseVersion: c.LeaseVersion,
-			Spec: c.Spec, SpecErr: c.SpecErr}
+			Spec: c.Spec, SpecErr: c.SpecErr, Unrunnable: c.Unrunnable(), ExpiresAtMs: c.LeaseExpiresAtMs}
 	}
 	return snaps, units, nil
 }

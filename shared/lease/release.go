@@ -70,8 +70,8 @@ func (s *Store) ReleaseStale(ctx context.Context, id, owner string, version, hol
 	}
 	now := s.nowMs()
 	fresh := max(holderVersion+1, now+s.cfg.SkewMargin.Milliseconds())
-	note := fmt.Sprintf("stale image: %s %q at version %d replaced a lease at version %d; released with version %d",
-		schema.AttrLeaseOwner, owner, version, holderVersion, fresh)
+	note := fmt.Sprintf("%s %q at version %d runs no session (a stale image, a hand-made item or a hand-edited lease); released with version %d",
+		schema.AttrLeaseOwner, owner, version, fresh)
 	atVersion := nameVersion.Equal(num(version))
 	if version == 0 { // what a record shows for an absent or unusable version
 		atVersion = expression.Or(nameVersion.AttributeNotExists(), atVersion, expression.Not(nameVersion.AttributeType(expression.Number)))
@@ -116,6 +116,27 @@ func (s *Store) ReportInvalid(ctx context.Context, id, problem string) error {
 // through the lease_owner index and conditions each release on owner and version,
 // so a lease re-acquired meanwhile is left alone. It returns the ids it released.
 func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error) {
+	return s.releaseOwnedBy(ctx, worker, 0)
+}
+
+// ReleaseAllOwnedByAfter is ReleaseAllOwnedBy for a worker that died a while ago (the
+// dead-member pass's retries, an owner the sweep found): a lease naming it now may be
+// a stale image written back over a live holder's lease, which the table cannot tell
+// from a lease the dead worker left. So each lease is released only once it has
+// carried, for at least hold, a mark (unheld_since_ms) this call wrote under the same
+// owner and version; a first call writes the mark and releases nothing. A holder
+// whose version is above the image's takes the lease back at its next owner write
+// (see the package doc), which changes the owner and removes the mark; with hold at
+// least that holder's detection bound (its backstop interval and a renew tick), the
+// release finds no holder left to overlap.
+func (s *Store) ReleaseAllOwnedByAfter(ctx context.Context, worker string, hold time.Duration) ([]string, error) {
+	if hold <= 0 {
+		return nil, fmt.Errorf("release all of %s after %s: %w: hold must be positive", worker, hold, ErrInvalid)
+	}
+	return s.releaseOwnedBy(ctx, worker, hold)
+}
+
+func (s *Store) releaseOwnedBy(ctx context.Context, worker string, hold time.Duration) ([]string, error) {
 	if err := schema.ValidateID(worker); err != nil {
 		return nil, fmt.Errorf("release all of %s: %w", worker, err)
 	}
@@ -131,9 +152,16 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 			if cur.LeaseOwner != worker {
 				continue // index lag: released or re-acquired since
 			}
-			if unusableVersion(raw) {
+			switch {
+			case unusableVersion(raw):
 				err = s.releaseUnusable(ctx, id, worker, raw, expression.ConditionBuilder{}, "owner stopped")
-			} else {
+			case hold > 0:
+				var done bool
+				done, err = s.releaseMarked(ctx, id, worker, cur.LeaseVersion, raw, hold)
+				if err == nil && !done {
+					continue
+				}
+			default:
 				err = s.Release(ctx, Lease{ID: id, Owner: worker, Version: cur.LeaseVersion}, Progress{LastSeq: cur.LastSeq, Status: "owner stopped"})
 			}
 			switch {
@@ -149,4 +177,33 @@ func (s *Store) ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string,
 		return released, fmt.Errorf("release all of %s: query: %w", worker, err)
 	}
 	return released, errors.Join(errs...)
+}
+
+// releaseMarked releases worker's lease on id at version if it carries a mark at
+// least hold old (raw is the item as read), or marks it; it reports whether it
+// released. Both writes are conditioned on owner, version and the mark as read.
+func (s *Store) releaseMarked(ctx context.Context, id, worker string, version int64, raw codec.Item, hold time.Duration) (bool, error) {
+	now := s.nowMs()
+	mark, merr := codec.Int(raw, schema.AttrUnheldSince)
+	cond := all(heldBy(worker, nameVersion.Equal(num(version))), valueIs(nameUnheld, raw[schema.AttrUnheldSince]))
+	var upd expression.UpdateBuilder
+	release := raw[schema.AttrUnheldSince] != nil && merr == nil && mark > 0 && now-mark >= hold.Milliseconds() && mark <= now
+	if release {
+		upd = setAll(codec.Item{schema.AttrLeaseExpires: codec.N(0), schema.AttrStatus: codec.S("owner stopped"),
+			schema.AttrStatusAt: codec.N(now)}).Remove(nameOwner).Remove(nameUnheld)
+	} else {
+		if raw[schema.AttrUnheldSince] != nil && merr == nil && mark > 0 && mark <= now {
+			return false, nil // marked, not long enough ago
+		}
+		upd = setAll(codec.Item{schema.AttrUnheldSince: codec.N(now)})
+	}
+	_, err := s.write(ctx, id, upd, cond, types.ReturnValueNone)
+	switch {
+	case err == nil:
+		return release, nil
+	case isCondition(err):
+		return false, fmt.Errorf("release %s of %s: %w", id, worker, ErrLost)
+	default:
+		return false, fmt.Errorf("release %s of %s: %w", id, worker, translate(err))
+	}
 }

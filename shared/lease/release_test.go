@@ -3,10 +3,12 @@ package lease_test
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/sockfleet/sockfleet/shared/lease"
+	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
 func TestReleaseExpired(t *testing.T) {
@@ -83,5 +85,53 @@ func TestReleaseAllOwnedBy(t *testing.T) {
 	}
 	if _, err := s.ReleaseAllOwnedBy(f.ctx, "WORKER#x"); !errors.Is(err, lease.ErrInvalid) {
 		t.Fatalf("bad worker id: %v", err)
+	}
+}
+
+// A lease naming a worker that died a while ago may be a stale image written back
+// over a live holder's: ReleaseAllOwnedByAfter marks it first and releases it only a
+// hold later, and a holder that takes it back in between keeps it.
+func TestReleaseAllOwnedByAfterWaitsForTheHolder(t *testing.T) {
+	f := newFixture(t)
+	s := f.memberStore()
+	f.put(started("orphan"))
+	f.put(started("held"))
+	if _, err := s.Acquire(f.ctx, "orphan", "dead"); err != nil {
+		t.Fatal(err)
+	}
+	old, err := s.Acquire(f.ctx, "held", "dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	image := f.raw("held") // the console page of "held" while dead held it
+	if err := s.Release(f.ctx, old, lease.Progress{}); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := s.Acquire(f.ctx, "held", "live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.putRaw(image) // written back over the live holder's lease
+
+	const hold = 300 * time.Millisecond
+	if got, err := s.ReleaseAllOwnedByAfter(f.ctx, "dead", hold); err != nil || len(got) != 0 {
+		t.Fatalf("first call released %v (%v), want only marks", got, err)
+	}
+	if c, err := s.Checkpoint(f.ctx, holder, lease.Progress{LastSeq: 3}); err != nil || c.LeaseOwner != "live" {
+		t.Fatalf("the holder's checkpoint: %+v, %v, want it taken back", c, err)
+	}
+	if it := f.raw("held"); it[schema.AttrUnheldSince] != nil {
+		t.Errorf("the reclaim left the mark: %v", it[schema.AttrUnheldSince])
+	}
+	time.Sleep(hold)
+	got, err := s.ReleaseAllOwnedByAfter(f.ctx, "dead", hold)
+	if err != nil || !slices.Equal(got, []string{"orphan"}) {
+		t.Fatalf("after the hold released %v (%v), want [orphan]", got, err)
+	}
+	if c := f.get("held"); c.LeaseOwner != "live" || c.LeaseVersion != holder.Version {
+		t.Errorf("the holder's lease: %+v", c)
+	}
+	if _, err := s.ReleaseAllOwnedByAfter(f.ctx, "dead", 0); !errors.Is(err, lease.ErrInvalid) {
+		t.Errorf("zero hold: %v", err)
 	}
 }

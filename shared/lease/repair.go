@@ -35,15 +35,17 @@ func (s *Store) noteRepair(ctx context.Context, l Lease, seq types.AttributeValu
 //   - lease_version is absent or unusable while lease_owner is l's owner: an acquire
 //     always writes a number and its own owner, so nobody acquired since; the version
 //     is restored.
-//   - a stale whole-item image rolled the lease back: a version below l's (acquires
-//     only raise it), or l's version under another owner (versions never repeat; an
-//     unowned item at l's version is l released, by its owner, the sweep or the crash
-//     path, and stays released). It
-//     is taken back only if the stale lease is one anybody could acquire now
-//     (released, or expired beyond the skew margin) or names this same worker: then
-//     no one streams under it, as an acquire would assume. A stale image with a live
-//     lease of another worker is left alone: l is lost, and the sweep releases the
-//     stale lease at its expiry (its next acquire gets a version above l's).
+//   - the item shows a lease no session can be running under: a version below l's
+//     (versions strictly increase per connection, so whoever was given a lower
+//     version had ended that session before l was acquired or transferred — the
+//     older session's release or transfer is what made l's acquire possible), or
+//     l's own version under another owner, or with the owner deleted but the lease
+//     not released (a release writes expiry 0 and removes the owner; l is l's
+//     alone, since versions never repeat). Only an outside write makes such an item
+//     (a stale whole-item image, a hand-edited or deleted lease_owner): the lease is
+//     taken back, whatever owner the item names and whether or not it looks
+//     expired. An unowned item at l's version with expiry 0 is l released (by its
+//     owner, the sweep or the crash path) and stays released.
 func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool, error) {
 	if raw == nil {
 		return false, nil
@@ -59,8 +61,8 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 	case owner != nil && owner.Value == l.Owner && (rawV == nil || verr != nil):
 		note = fmt.Sprintf("%s %s on the lease of %s: restored to %d", schema.AttrLeaseVersion, codec.Describe(rawV), l.Owner, l.Version)
 		conds = append(conds, nameOwner.Equal(str(l.Owner)))
-	case verr == nil && rawV != nil && (v < l.Version || (v == l.Version && owner != nil && owner.Value != l.Owner)) &&
-		(free(raw, now-s.cfg.SkewMargin.Milliseconds()) || (owner != nil && owner.Value == l.Owner)):
+	case verr == nil && rawV != nil && (v < l.Version || (v == l.Version && owner != nil && owner.Value != l.Owner) ||
+		(v == l.Version && owner == nil && s.heldByMember(raw))):
 		note = fmt.Sprintf("stale image: %s %s at version %d replaced the lease of %s at version %d; reclaimed",
 			schema.AttrLeaseOwner, codec.Describe(raw[schema.AttrLeaseOwner]), v, l.Owner, l.Version)
 		set[schema.AttrLeaseOwner], set[schema.AttrLeaseExpires] = codec.S(l.Owner), codec.N(s.expiry(now))
@@ -70,7 +72,7 @@ func (s *Store) ownerRepair(ctx context.Context, l Lease, raw codec.Item) (bool,
 	}
 	set[schema.AttrStatusError], set[schema.AttrLastRepair] = codec.S(note), codec.S(repairNote(now, note))
 	conds = append(conds, valueIs(nameVersion, rawV))
-	_, err := s.write(ctx, l.ID, setAll(set), all(append([]expression.ConditionBuilder{namePK.AttributeExists()}, conds...)...),
+	_, err := s.write(ctx, l.ID, setAll(set).Remove(nameUnheld), all(append([]expression.ConditionBuilder{namePK.AttributeExists()}, conds...)...),
 		types.ReturnValueNone)
 	switch {
 	case err == nil:
@@ -129,4 +131,11 @@ func unusableVersion(raw codec.Item) bool {
 // repairNote is the last_repair value: when, and what.
 func repairNote(nowMs int64, note string) string {
 	return time.UnixMilli(nowMs).UTC().Format(time.RFC3339) + " " + note
+}
+
+// heldByMember: raw's expiry is the one only a stream-mode acquire or reclaim writes
+// (schema.LeaseHeldByMember); every release writes another.
+func (s *Store) heldByMember(raw codec.Item) bool {
+	e, err := codec.Int(raw, schema.AttrLeaseExpires)
+	return s.cfg.Membership && err == nil && raw[schema.AttrLeaseExpires] != nil && e == schema.LeaseHeldByMember
 }

@@ -207,17 +207,34 @@ func TestStaleImageIsReclaimedByTheHolder(t *testing.T) {
 		t.Errorf("last_repair %q: want the stale image and its owner named", lr)
 	}
 
-	// A stale image naming another worker with a lease still live is not provably
-	// stale to the holder (that lease may be someone's), so the holder stops.
+	// A stale image naming another worker with a lease that still looks live is
+	// stale all the same: its version is below the holder's, so its session ended
+	// before the holder's acquire. The holder takes it back.
 	image2 := f.raw("s")
 	image2[schema.AttrLeaseOwner] = codec.S("w9")
 	image2[schema.AttrLeaseVersion] = codec.N(l0.Version)
 	image2[schema.AttrLeaseExpires] = codec.N(nowMs() + 60_000)
 	f.putRaw(image2)
-	if _, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 7}); !errors.Is(err, lease.ErrLost) {
-		t.Fatalf("renew under a live stale lease: %v, want ErrLost", err)
+	if c, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 7}); err != nil || c.LeaseOwner != "w1" || c.LeaseVersion != l1.Version {
+		t.Fatalf("renew under a live-looking stale lease: %+v, %v, want it taken back", c, err)
 	}
-	if c := f.get("s"); c.LeaseOwner != "w9" || c.LastSeq != 6 {
+
+	// The holder's own version under another owner (lease_owner edited by hand) is
+	// taken back too; a higher version is not: that is a real acquire.
+	image3 := f.raw("s")
+	image3[schema.AttrLeaseOwner] = codec.S("w9")
+	f.putRaw(image3)
+	if c, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 8}); err != nil || c.LeaseOwner != "w1" {
+		t.Fatalf("renew under its own version with another owner: %+v, %v, want it taken back", c, err)
+	}
+	image4 := f.raw("s")
+	image4[schema.AttrLeaseOwner] = codec.S("w9")
+	image4[schema.AttrLeaseVersion] = codec.N(l1.Version + 1)
+	f.putRaw(image4)
+	if _, err := s.Renew(f.ctx, l1, lease.Progress{LastSeq: 9}); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("renew under a higher version: %v, want ErrLost", err)
+	}
+	if c := f.get("s"); c.LeaseOwner != "w9" || c.LastSeq != 8 {
 		t.Fatalf("the refused write changed the item: %+v", c)
 	}
 }

@@ -105,7 +105,8 @@ func TestTransferRefusals(t *testing.T) {
 	}
 	orig := f.raw("c1")
 	wrongOwner, wrongVersion := l, l
-	wrongOwner.Owner, wrongVersion.Version = "w3", l.Version-1
+	// Versions never repeat: another worker's lease has another version.
+	wrongOwner.Owner, wrongOwner.Version, wrongVersion.Version = "w3", l.Version-2, l.Version-1
 	cases := []struct {
 		name string
 		l    lease.Lease

@@ -36,6 +36,13 @@ const (
 	// Written by the backstop sweep to make the stream carry an unowned item again.
 	AttrNudgedAt = "nudged_at_ms"
 
+	// Written by the reconciler (the sweep, the dead-member pass) on an item whose
+	// lease it would release or nudge but whose holder it cannot know: a stale image
+	// written back over a live holder's lease looks like any other. It acts only once
+	// the mark is older than the sweep's NudgeAfter, by which time a holder has taken
+	// the lease back (and an acquire or a reclaim removes the mark).
+	AttrUnheldSince = "unheld_since_ms"
+
 	// Written by the old owner in the one conditional write that hands a connection to
 	// another worker (a planned move: drain, rebalance, deploy). A rebalance round does
 	// not move the connection again within its cooling period.

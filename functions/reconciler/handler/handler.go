@@ -4,7 +4,9 @@
 //   - A DynamoDB stream batch ({"Records": [{"eventSource": "aws:dynamodb", …}]}):
 //     each record is classified (functions/reconciler/records) and the workers that
 //     must act are woken; an unusable item's problem is written on the item, and a
-//     stale image is repaired once its displaced holder no longer holds the lease.
+//     lease nobody may run (a stale image, an inserted item naming an owner, an
+//     expiry deleted under an owner) is released once the worker asked about it
+//     answered that it does not hold it, or is not a live member.
 //     The answer lists, by SequenceNumber, only the records that still need action
 //     and could not be delivered anywhere; a record that will not decode is logged
 //     with its key and skipped, never retried.
@@ -322,22 +324,29 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 				continue
 			}
 			out[d.ID] = dispatch.Outcome{Done: true, Why: "reported on the item: " + d.Problem}
-		case d.Why != records.WhyStale || !o.Done:
+		case !d.AsksHolder() || !o.Done:
 		case o.Result != "" && o.Result != wakeup.LostRace && o.Result != wakeup.NotStartable:
 		case d.Image.Owner != "":
 			err := h.d.Leases.ReleaseStale(ctx, d.ID, d.Image.Owner, d.Image.Version, d.LeaseVersion)
 			switch {
 			case err == nil:
-				h.d.Log.InfoContext(ctx, "stale image released", "id", d.ID, "stale_owner", d.Image.Owner,
-					"stale_version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
-				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease released"}
+				h.d.Log.InfoContext(ctx, "lease nobody runs released", "id", d.ID, "why", d.Why, "named_owner", d.Image.Owner,
+					"version", d.Image.Version, "holder", d.Owner, "holder_version", d.LeaseVersion)
+				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "lease nobody runs released"}
+				if d.Why == records.WhyExpiryDamaged {
+					// Its release record says nothing new (the expiry was 0 already, or
+					// absent, so the old image was not owned): find an owner now.
+					needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, Why: d.Why})
+				}
 			case errors.Is(err, lease.ErrLost):
 				out[d.ID] = dispatch.Outcome{Done: true, Worker: o.Worker, Result: o.Result, Why: "stale lease changed since"}
 			default:
 				out[d.ID] = dispatch.Outcome{Worker: o.Worker, Result: o.Result, Why: err.Error()}
 			}
 		default:
-			needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, LeaseVersion: d.Image.Version, Why: records.WhyStale})
+			// The floor of the next acquire: above the displaced holder's version, not
+			// only the stale image's (shared/lease AcquireAbove).
+			needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, LeaseVersion: max(d.Image.Version, d.LeaseVersion), Why: records.WhyStale})
 		}
 	}
 	if len(needs) > 0 {

@@ -64,6 +64,10 @@ func (f *fakeLeases) ReleaseAllOwnedBy(_ context.Context, worker string) ([]stri
 	return []string{"c1", "c2"}, f.err
 }
 
+func (f *fakeLeases) ReleaseAllOwnedByAfter(ctx context.Context, worker string, _ time.Duration) ([]string, error) {
+	return f.ReleaseAllOwnedBy(ctx, worker)
+}
+
 func (f *fakeLeases) ReleaseStale(_ context.Context, id, owner string, version, holderVersion int64) error {
 	if !f.allow {
 		f.t.Errorf("unexpected release of the stale lease of %s", id)

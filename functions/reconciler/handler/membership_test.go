@@ -10,6 +10,7 @@ import (
 	"github.com/sockfleet/sockfleet/functions/reconciler/reaper"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
 // fakeMembers is the membership registry: it lists the rig's workers and records
@@ -74,12 +75,18 @@ func TestHeartbeatsDriveDeadMemberDetection(t *testing.T) {
 	if !slices.Equal(fm.tombstoned, []string{"ghost"}) {
 		t.Fatalf("tombstoned %v, want the ghost owner", fm.tombstoned)
 	}
-	// An owner that is a live member is left alone.
+	// An owner that is a live member is not reaped: it is asked whether it runs the
+	// item (no acquire inserts one), and one that does keeps it.
 	img[schema.AttrLeaseOwner] = events.NewStringAttribute("w1")
+	r.sender.by["w1:8080"] = wakeup.AlreadyOwned
+	calls := len(r.leases.calls)
 	if _, err := r.h.HandleStream(context.Background(), ins); err != nil {
 		t.Fatal(err)
 	}
-	if len(fm.tombstoned) != 1 || len(fm.declared) != 1 {
-		t.Fatalf("acted on a live owner: %v %v", fm.tombstoned, fm.declared)
+	if len(fm.tombstoned) != 1 || len(fm.declared) != 1 || len(r.leases.calls) != calls {
+		t.Fatalf("acted on a live owner: %v %v %v", fm.tombstoned, fm.declared, r.leases.calls)
+	}
+	if c := r.sender.calls["w1:8080"]; len(c) != 1 || c[0].Reason != wakeup.Check {
+		t.Fatalf("the named live owner was not asked: %+v", c)
 	}
 }

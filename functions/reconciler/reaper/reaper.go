@@ -11,6 +11,12 @@
 //   - A member's connections are released only once its lease lapsed more than the
 //     skew margin ago (registry.Releasable), by which time it has self-fenced; each
 //     release is conditioned on owner and version (lease.ReleaseAllOwnedBy).
+//   - The call that declares a member dead releases its connections at once (the
+//     failover). Any later call (a retry, an owner a stream record or the sweep
+//     shows) releases a lease still naming it only after it carried a mark for Hold
+//     (lease.ReleaseAllOwnedByAfter): such a lease may be a stale image written back
+//     over a live holder's, and the holder takes it back within Hold, so the
+//     release never gives a second worker a connection someone still delivers.
 //   - A connection whose owner has no registry item is never released at once: a
 //     tombstone is written (conditionally, only if no item exists), which fails that
 //     worker's next renew, and its connections are released once the tombstone's
@@ -60,6 +66,7 @@ type Registry interface {
 // Leases releases a dead member's connections (*lease.Store).
 type Leases interface {
 	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
+	ReleaseAllOwnedByAfter(ctx context.Context, worker string, hold time.Duration) ([]string, error)
 }
 
 // Defaults.
@@ -76,6 +83,9 @@ const (
 	// DefaultGrace: one renew interval (3 s) plus the skew margin, time for every
 	// member that is alive to renew once the table is back.
 	DefaultGrace = 5 * time.Second
+	// DefaultHold: the sweep's default NudgeAfter, above the workers' default backstop
+	// interval (1 min) plus a renew tick.
+	DefaultHold = 2 * time.Minute
 )
 
 // Reaper declares lapsed members dead and releases their connections.
@@ -87,7 +97,13 @@ type Reaper struct {
 	RetryFor time.Duration // default DefaultRetryFor
 	Quiet    time.Duration // default DefaultQuiet
 	Grace    time.Duration // default DefaultGrace
-	Log      *slog.Logger
+	// Hold: a lease naming a member that was dead already (not declared by the same
+	// call) is released only after it carried a mark this long (see
+	// lease.Store.ReleaseAllOwnedByAfter). It must be at least the workers' backstop
+	// interval plus a renew tick; the reconciler uses the sweep's NudgeAfter. Default
+	// DefaultHold.
+	Hold time.Duration
+	Log  *slog.Logger
 
 	mu         sync.Mutex
 	last       time.Time // last Reap slot claimed by Due
@@ -231,10 +247,18 @@ func (r *Reaper) member(ctx context.Context, w codec.Worker, now time.Time, rep 
 		rep.Declared = append(rep.Declared, w.ID)
 		r.log().InfoContext(ctx, "member declared dead", "worker", w.ID, "incarnation", w.Incarnation,
 			"lapsed_ms_ago", now.UnixMilli()-w.HeartbeatExpiresAtMs)
+		ids, err := r.Leases.ReleaseAllOwnedBy(ctx, w.ID)
+		return r.released(ctx, w, ids, err, rep)
 	} else if !seen && now.UnixMilli() > w.HeartbeatExpiresAtMs+r.retryFor().Milliseconds() {
 		return nil // long dead: the sweep's pass over the table covers what is left
 	}
-	ids, err := r.Leases.ReleaseAllOwnedBy(ctx, w.ID)
+	// Dead already: what still names it may be a stale image written back over a
+	// live holder's lease since (issue 21). Leave the holder time to take it back.
+	ids, err := r.Leases.ReleaseAllOwnedByAfter(ctx, w.ID, r.hold())
+	return r.released(ctx, w, ids, err, rep)
+}
+
+func (r *Reaper) released(ctx context.Context, w codec.Worker, ids []string, err error, rep *Report) error {
 	rep.Released = append(rep.Released, ids...)
 	if len(ids) > 0 {
 		r.log().InfoContext(ctx, "released a dead member's connections", "worker", w.ID, "released", len(ids))
@@ -243,6 +267,13 @@ func (r *Reaper) member(ctx context.Context, w codec.Worker, now time.Time, rep 
 		return fmt.Errorf("release connections of dead member %s: %w", w.ID, err)
 	}
 	return nil
+}
+
+func (r *Reaper) hold() time.Duration {
+	if r.Hold <= 0 {
+		return DefaultHold
+	}
+	return r.Hold
 }
 
 func (r *Reaper) retryFor() time.Duration {

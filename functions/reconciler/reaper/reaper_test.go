@@ -147,8 +147,15 @@ func TestAbsentOwnerReleasedAfterTombstoneLapses(t *testing.T) {
 	if rep, _, _ := r.Reap(f.ctx, at); len(rep.Released) != 0 {
 		t.Fatalf("released at %s: %+v", at.Sub(f.now), rep)
 	}
+	// Once it lapsed: the lease is marked, and released a Hold later (a holder that
+	// a stale image naming the absent owner displaced takes it back meanwhile).
 	at = at.Add(time.Millisecond)
-	rep, _, err = r.Reap(f.ctx, at)
+	r.Hold = 300 * time.Millisecond
+	if rep, _, err = r.Reap(f.ctx, at); err != nil || len(rep.Released) != 0 {
+		t.Fatalf("released before the hold: %+v %v", rep, err)
+	}
+	time.Sleep(r.Hold)
+	rep, _, err = r.Reap(f.ctx, at.Add(r.Hold))
 	if err != nil || !slices.Equal(rep.Released, []string{"x"}) {
 		t.Fatalf("after the tombstone lapsed: %+v %v", rep, err)
 	}
@@ -177,6 +184,13 @@ func (f *flaky) ReleaseAllOwnedBy(ctx context.Context, w string) ([]string, erro
 	return f.lease.ReleaseAllOwnedBy(ctx, w)
 }
 
+func (f *flaky) ReleaseAllOwnedByAfter(ctx context.Context, w string, hold time.Duration) ([]string, error) {
+	if f.fails.Add(-1) >= 0 {
+		return nil, lease.ErrUnavailable
+	}
+	return f.lease.ReleaseAllOwnedByAfter(ctx, w, hold)
+}
+
 // Finding: a failed release was never retried. A dead member's connections are
 // retried on later passes while it is within RetryFor of its lapse, and by any pass
 // that is shown one of its connections after that.
@@ -194,7 +208,15 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	if !f.get("a").Owned() {
 		t.Fatal("released despite the failure")
 	}
+	// A retry marks what still names the dead member and releases it once the mark
+	// is Hold old (a stale image's holder would have taken it back by then).
+	r.Hold = 300 * time.Millisecond
 	rep, _, err = r.Reap(f.ctx, f.now.Add(time.Second))
+	if err != nil || len(rep.Released) != 0 {
+		t.Fatalf("retry released at once: %+v %v", rep, err)
+	}
+	time.Sleep(r.Hold)
+	rep, _, err = r.Reap(f.ctx, f.now.Add(2*time.Second))
 	if err != nil || !slices.Equal(rep.Released, []string{"a"}) {
 		t.Fatalf("retry: %+v %v", rep, err)
 	}
@@ -206,6 +228,10 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 		t.Fatalf("long-dead member reaped without being seen: %+v", rep)
 	}
 	ws, _, _ := f.reg.List(f.ctx)
+	if rep, err = r.Owners(f.ctx, late, ws, []string{"hung"}); err != nil || len(rep.Released) != 0 {
+		t.Fatalf("seen owner released before the hold: %+v %v", rep, err)
+	}
+	time.Sleep(r.Hold)
 	rep, err = r.Owners(f.ctx, late, ws, []string{"hung"})
 	if err != nil || !slices.Equal(rep.Released, []string{"b"}) {
 		t.Fatalf("seen owner: %+v %v", rep, err)

@@ -16,6 +16,13 @@
 //     its lease store takes the lease back if the stale lease is free, else it stops.
 //     If it no longer holds it, the handler repairs the item (Decision.Image): it
 //     releases the stale lease, or, for a stale image already unowned, finds an owner.
+//   - Named owner, no proof it runs the lease: an INSERT naming an owner with an
+//     unreleased lease (no acquire inserts), and a STARTED item naming an owner whose
+//     expiry was deleted or zeroed (a release removes the owner too). The named
+//     owner is asked to check (OwnerMustAct, WhyNamedOwner or WhyExpiryDamaged): one
+//     that holds the lease answers after its owner write (which restores the expiry);
+//     if it does not, the handler releases the lease and finds an owner, as for a
+//     stale image.
 //   - Report invalid: an unowned item an operator made unusable whose status_error
 //     does not say so yet; the handler writes status "invalid" and the problem, naming
 //     the field and the value, on the item (a console user sees it there).
@@ -91,7 +98,22 @@ const (
 	WhyURLChanged   = "url changed"
 	WhyInvalid      = "invalid"
 	WhyStale        = "stale image"
+	// WhyNamedOwner: an item inserted naming an owner with an unreleased lease (a
+	// console "Create item" or "Duplicate item", a delete then recreate). No acquire
+	// inserts, so the named owner may run no session for it.
+	WhyNamedOwner = "inserted naming an owner"
+	// WhyExpiryDamaged: a STARTED item names an owner but its expiry was deleted or
+	// zeroed by hand (a release removes the owner too).
+	WhyExpiryDamaged = "lease expiry damaged"
 )
+
+// AsksHolder reports whether d asks a named owner whether it still runs the lease
+// d.Image shows; if it answers that it does not, or is not a live member, the
+// reconciler releases that lease itself (conditioned on exactly that owner and
+// version) and finds an owner.
+func (d Decision) AsksHolder() bool {
+	return d.Why == WhyStale || d.Why == WhyNamedOwner || d.Why == WhyExpiryDamaged
+}
 
 // Key returns the partition key of a record, or "" if it has none usable.
 func Key(r events.DynamoDBEventRecord) string {
@@ -216,6 +238,15 @@ func changed(id string, old, cur *codec.Connection) Decision {
 	}
 	switch cur.DesiredState {
 	case schema.Started:
+		named := Image{Owner: cur.LeaseOwner, Version: cur.LeaseVersion}
+		switch {
+		case old == nil && owned(*cur):
+			d.Action, d.Owner, d.Why, d.Image = OwnerMustAct, cur.LeaseOwner, WhyNamedOwner, named
+			return d
+		case cur.LeaseOwner != "" && !owned(*cur):
+			d.Action, d.Owner, d.Why, d.Image = OwnerMustAct, cur.LeaseOwner, WhyExpiryDamaged, named
+			return d
+		}
 		if !owned(*cur) {
 			d.Why = needsOwnerWhy(old, cur)
 			if d.Why != "" {

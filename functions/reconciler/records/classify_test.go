@@ -43,6 +43,17 @@ var transitions = []struct {
 	// No pattern compares images; the owner sees the new URL on its next renew.
 	{file: "url_changed", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 3, Why: WhyURLChanged}, passes: false},
 
+	// A named owner with no proof it runs the lease (issue 21): "Create item" or
+	// "Duplicate item" naming an owner, and an owned item whose expiry was deleted or
+	// zeroed by hand. The named owner is asked; the handler releases if it does not
+	// hold it.
+	{file: "insert_owned", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyNamedOwner,
+		Image: Image{Owner: "w1", Version: 5}}, passes: true},
+	{file: "expiry_zeroed", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyExpiryDamaged,
+		Image: Image{Owner: "w1", Version: 5}}, passes: true},
+	{file: "expiry_deleted", want: Decision{Action: OwnerMustAct, ID: "c1", Owner: "w1", LeaseVersion: 5, Why: WhyExpiryDamaged,
+		Image: Image{Owner: "w1", Version: 5}}, passes: true},
+
 	// Ignored. Heartbeats and checkpoints must not even pass the filters.
 	{file: "heartbeat", want: Decision{ID: "c1", LeaseVersion: 3}, passes: false},
 	{file: "checkpoint_status", want: Decision{ID: "c1", LeaseVersion: 3}, passes: false},

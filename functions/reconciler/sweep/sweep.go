@@ -6,7 +6,12 @@
 //     conditioned on owner and version): a hung or partitioned worker;
 //   - a STARTED connection that has sat unowned longer than NudgeAfter is nudged: a
 //     conditional write of nudged_at_ms (and lease_expires_at_ms = 0) that the stream
-//     filters pass and the classifier reads as "needs an owner";
+//     filters pass and the classifier reads as "needs an owner". The time is counted
+//     from the first pass that saw it unowned (it marks unheld_since_ms), not from the
+//     item's own timestamps, which a stale whole-item image brings back: its holder
+//     takes such a lease back within NudgeAfter, so a nudge never offers a connection
+//     someone still delivers (NudgeAfter must exceed the workers' backstop interval
+//     plus a renew tick);
 //   - a WORKER# item whose heartbeat lapsed more than WorkerClearAfter ago (default
 //     an hour, as the TTL) is deleted, conditioned on the heartbeat still being that
 //     old (TTL would, but lazily), and only while some worker is live. An outage of the
@@ -295,6 +300,9 @@ func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live m
 	if since != 0 && nowMs-since < s.cfg.NudgeAfter.Milliseconds() {
 		return nil
 	}
+	if due, err := s.seenUnowned(ctx, c.ID, it, now); !due {
+		return err
+	}
 	ok, err := Nudge(ctx, s.db, s.cfg.Table, c.ID, now)
 	if err != nil {
 		return err
@@ -304,6 +312,46 @@ func (s *Sweeper) item(ctx context.Context, it codec.Item, now time.Time, live m
 		s.log.InfoContext(ctx, "sweep: nudged unowned connection", "id", c.ID, "unowned_since_ms", since)
 	}
 	return nil
+}
+
+// seenUnowned reports whether an unowned STARTED item (it, as scanned) has carried the
+// sweep's mark (unheld_since_ms) for NudgeAfter, and marks it if it carries none.
+// status_at_ms and nudged_at_ms cannot say how long an item has been unowned: a stale
+// whole-item image brings back old ones, and its holder (woken by the stream record,
+// see functions/reconciler/records) is taking the lease back right now. A nudge then
+// would offer the connection to a second worker. NudgeAfter must exceed the workers'
+// backstop interval plus a renew tick, the longest a holder takes to act.
+func (s *Sweeper) seenUnowned(ctx context.Context, id string, it codec.Item, now time.Time) (bool, error) {
+	nowMs := now.UnixMilli()
+	raw := it[schema.AttrUnheldSince]
+	if mark, err := codec.Int(it, schema.AttrUnheldSince); raw != nil && err == nil && mark > 0 && mark <= nowMs {
+		return nowMs-mark >= s.cfg.NudgeAfter.Milliseconds(), nil
+	}
+	nowV := expression.Value(codec.N(nowMs))
+	marked := expression.Name(schema.AttrUnheldSince).AttributeNotExists()
+	if raw != nil {
+		marked = expression.Name(schema.AttrUnheldSince).Equal(expression.Value(raw))
+	}
+	cond := expression.And(expression.Name(schema.AttrDesiredState).Equal(expression.Value(codec.S(string(schema.Started)))),
+		lease.ReleasedCondition(), marked)
+	e, err := expression.NewBuilder().WithUpdate(expression.Set(expression.Name(schema.AttrUnheldSince), nowV)).
+		WithCondition(cond).Build()
+	if err != nil {
+		return false, fmt.Errorf("mark %s: %w", id, err)
+	}
+	_, err = s.db.UpdateItem(ctx, &dynamodb.UpdateItemInput{
+		TableName:                 &s.cfg.Table,
+		Key:                       map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
+		UpdateExpression:          e.Update(),
+		ConditionExpression:       e.Condition(),
+		ExpressionAttributeNames:  e.Names(),
+		ExpressionAttributeValues: e.Values(),
+	})
+	var ccf *types.ConditionalCheckFailedException
+	if err != nil && !errors.As(err, &ccf) {
+		return false, fmt.Errorf("mark %s: %w", id, err)
+	}
+	return false, nil
 }
 
 // orphaned reports whether a STARTED connection has no live owner, and since when

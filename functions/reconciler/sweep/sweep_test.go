@@ -75,6 +75,44 @@ func (f *fixture) sweeper(t *testing.T, cfg sweep.Config) *sweep.Sweeper {
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
+// seen marks ids as an earlier pass at at found them unowned (unheld_since_ms).
+func (f *fixture) seen(t *testing.T, at time.Time, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		_, err := f.e.DB.UpdateItem(context.Background(), &dynamodb.UpdateItemInput{TableName: &f.e.Table,
+			Key:                       map[string]types.AttributeValue{schema.AttrPK: codec.S(schema.ConnKey(id))},
+			UpdateExpression:          aws.String("SET " + schema.AttrUnheldSince + " = :t"),
+			ExpressionAttributeValues: map[string]types.AttributeValue{":t": codec.N(ms(at))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An unowned item is nudged only once a pass saw it unowned NudgeAfter ago, whatever
+// its own timestamps say: a stale whole-item image brings back old ones while its
+// holder, woken by the stream record, takes the lease back.
+func TestSweepNudgesOnlyWhatItSawUnownedBefore(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	now := f.now
+	f.conn(t, codec.Connection{ID: "stale", DesiredState: schema.Started, LeaseVersion: 3, Status: "released",
+		StatusAtMs: ms(now.Add(-time.Hour))})
+	s := f.sweeper(t, sweep.Config{})
+	for _, step := range []struct {
+		at    time.Duration
+		nudge bool
+	}{{0, false}, {time.Minute, false}, {sweep.DefaultNudgeAfter, true}} {
+		r, err := s.Run(ctx, now.Add(step.at))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (r.Nudged == 1) != step.nudge {
+			t.Fatalf("at +%s: %+v, want nudged %v", step.at, r, step.nudge)
+		}
+	}
+}
+
 func TestSweep(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
@@ -125,6 +163,7 @@ func TestSweep(t *testing.T) {
 	}
 	quotaItem := f.get(t, schema.QuotaKey("stream.example.com"))
 
+	f.seen(t, now.Add(-sweep.DefaultNudgeAfter), "never-owned", "released-long-ago")
 	r, err := f.sweeper(t, sweep.Config{PageSize: 3}).Run(ctx, now)
 	if err != nil {
 		t.Fatal(err)
@@ -189,6 +228,9 @@ func TestSweep(t *testing.T) {
 	// Nudges do not reset the orphan age: much later, the never-owned item's age
 	// counts from its first nudge, and the released one's from its release.
 	later := now.Add(time.Hour)
+	if _, err := f.sweeper(t, sweep.Config{}).Run(ctx, later.Add(-sweep.DefaultNudgeAfter)); err != nil {
+		t.Fatal(err) // the pass that first sees the released ones unowned
+	}
 	r, err = f.sweeper(t, sweep.Config{}).Run(ctx, later)
 	if err != nil {
 		t.Fatal(err)
@@ -322,6 +364,7 @@ func TestSweepOperatorEdits(t *testing.T) {
 	if err := f.reg.Put(ctx, codec.Worker{ID: "w-live", Addr: "127.0.0.1:1", Capacity: 10, HeartbeatExpiresAtMs: ms(now.Add(time.Minute))}); err != nil {
 		t.Fatal(err)
 	}
+	f.seen(t, now.Add(-sweep.DefaultNudgeAfter), "str-version")
 	for run := range 2 {
 		r, err := f.sweeper(t, sweep.Config{}).Run(ctx, now.Add(time.Duration(run)*time.Second))
 		if err != nil {

@@ -273,3 +273,54 @@ func resumesOwn(arr []Arrival, s Stint) bool {
 	}
 	return last >= 0 && s.First == last+1
 }
+
+// TwoDeliverers measures how long two workers delivered a connection at once. Each
+// worker's deliveries are spans: runs of its arrivals no more than idle apart (a
+// worker streaming at the test's rate writes a batch every few tens of ms). It
+// returns the total time covered by the spans of two or more workers. A move of
+// any kind (a handoff, a release and acquire, a crash and takeover) leaves the old
+// owner's last arrival before the new owner's first, which is 0.
+func TwoDeliverers(arr []Arrival, idle time.Duration) time.Duration {
+	type span struct{ from, to time.Time }
+	open := map[string]*span{}
+	var spans []span
+	for _, a := range arr {
+		s := open[a.Worker]
+		if s != nil && a.At.Sub(s.to) <= idle {
+			s.to = a.At
+			continue
+		}
+		if s != nil {
+			spans = append(spans, *s)
+		}
+		open[a.Worker] = &span{a.At, a.At}
+	}
+	for _, s := range open {
+		spans = append(spans, *s)
+	}
+	type edge struct {
+		at time.Time
+		d  int
+	}
+	var edges []edge
+	for _, s := range spans {
+		edges = append(edges, edge{s.from, 1}, edge{s.to, -1})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.d - b.d // a span that ends where another begins does not overlap it
+	})
+	var total time.Duration
+	n := 0
+	var since time.Time
+	for _, e := range edges {
+		if n >= 2 {
+			total += e.at.Sub(since)
+		}
+		n += e.d
+		since = e.at
+	}
+	return total
+}

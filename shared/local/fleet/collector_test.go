@@ -97,3 +97,39 @@ func TestCollectorHeaderMismatch(t *testing.T) {
 		}
 	}
 }
+
+// TwoDeliverers counts only the time two workers' delivery spans cover together.
+func TestTwoDeliverers(t *testing.T) {
+	ms := func(w string, at ...int) []Arrival {
+		var out []Arrival
+		for _, a := range at {
+			out = append(out, Arrival{Worker: w, At: time.UnixMilli(int64(a))})
+		}
+		return out
+	}
+	merge := func(parts ...[]Arrival) []Arrival {
+		var out []Arrival
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+	idle := 200 * time.Millisecond
+	for _, tc := range []struct {
+		name string
+		arr  []Arrival
+		want time.Duration
+	}{
+		{"one worker", ms("a", 0, 50, 100, 150), 0},
+		{"a move", merge(ms("a", 0, 50, 100), ms("b", 150, 200)), 0},
+		{"a move back after a pause of the first", merge(ms("a", 0, 50), ms("b", 100, 150), ms("a", 400, 450)), 0},
+		{"300ms at once", merge(ms("a", 0, 100, 200, 300, 400, 500), ms("b", 200, 350, 500, 600)), 300 * time.Millisecond},
+		{"three at once counts once", merge(ms("a", 0, 100, 200), ms("b", 0, 100, 200), ms("c", 0, 100, 200)), 200 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := TwoDeliverers(tc.arr, idle); got != tc.want {
+				t.Errorf("got %s, want %s", got, tc.want)
+			}
+		})
+	}
+}

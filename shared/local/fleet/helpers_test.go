@@ -31,9 +31,11 @@ const (
 	testRenew  = time.Second
 	testMargin = 500 * time.Millisecond
 	// The reconciler's backstop: the sweep runs every testSweep and nudges items left
-	// unowned for testNudge.
+	// unowned for testNudge (which also holds back the release of a lease naming a
+	// member dead for a while). It must exceed the workers' backstop interval
+	// (2 × testRenew) plus a renew tick, the longest a holder takes to find an edit.
 	testSweep = time.Second
-	testNudge = 2 * time.Second
+	testNudge = 3 * time.Second
 )
 
 // enforceIAM runs the test fleets as the stack's roles, behind the IAM proxy

@@ -29,7 +29,9 @@ func TestStartupScanListsFreeStartedConnections(t *testing.T) {
 		}
 	}
 	conn("never-owned", schema.Started, "", 0)
-	conn("released", schema.Started, "w1", 0)
+	conn("released", schema.Started, "", 0) // a release removes the owner and writes 0
+	// An owner whose expiry was zeroed by hand may still stream it (issue 21): not free.
+	conn("zeroed", schema.Started, "w1", 0)
 	conn("expired", schema.Started, "w1", now.Add(-margin-time.Second).UnixMilli())
 	conn("within-margin", schema.Started, "w1", now.Add(-margin/2).UnixMilli())
 	conn("live", schema.Started, "w1", now.Add(time.Minute).UnixMilli())

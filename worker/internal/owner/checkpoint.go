@@ -78,6 +78,11 @@ func (m *Manager) act(o *owned, c codec.Connection) {
 	case c.SpecErr != nil:
 		m.cfg.Log.Warn("spec unusable; stopping", "conn", o.lease.ID, "err", c.SpecErr)
 		o.cancel(unusable(c.SpecErr))
+	case c.Unrunnable() != nil:
+		// A field no write repairs (nudged_at_ms, seq_epoch) that does not decode: stop
+		// and say so, rather than release it to an acquire that would give it back.
+		m.cfg.Log.Warn("item unusable; stopping", "conn", o.lease.ID, "err", c.Unrunnable())
+		o.cancel(unusable(c.Unrunnable()))
 	case !reflect.DeepEqual(c.Spec, o.lease.Spec):
 		m.cfg.Log.Info("spec changed; releasing to restart with it", "conn", o.lease.ID)
 		o.cancel(errSpecChanged)

@@ -78,6 +78,33 @@
 //     its interval (a pass over thousands of connections can take longer), and its
 //     eventually consistent read reflects a write older than the pass (DynamoDB:
 //     typically within a second).
+//   - No operator edit yields two deliverers or none. An edit of an owned item
+//     reaches its holder by one of two paths, and by either the holder makes one
+//     owner write before it decides anything: a check wakeup (the reconciler sends
+//     one for every record it can read as an edit: a version that fell or an owner
+//     changed without a higher version, an inserted item naming an owner, an expiry
+//     deleted or zeroed under an owner), or, where no record passes a filter, the
+//     checkpoint of a streaming connection (at most CheckpointInterval plus one renew
+//     tick) or the backstop read (BackstopInterval), which compares the owner, the
+//     version, the expiry, the spec and the fields no write repairs. The owner write
+//     takes the lease back under the lease store's rule (shared/lease: a lease below
+//     its version, or at its version under another or no owner, has no session), so
+//     the holder keeps streaming and nobody else acquires in between: an acquire
+//     needs a free lease, the edits that are not free (a stale owned image, an owner
+//     or expiry alone) stay so until the holder's write, and the reconciler frees
+//     one without a record that names its holder only after a mark held NudgeAfter
+//     (shared/lease ReleaseAllOwnedByAfter, the sweep's nudge), longer than the
+//     holder takes. It stops (ErrLost)
+//     only under a higher version, which only an acquire or a transfer writes, after
+//     the previous session ended; so at no moment do two sessions deliver. An item
+//     the named owner does not run (created or duplicated naming it, deleted and
+//     recreated after it stopped, an expiry damaged after it stopped) is released by
+//     the reconciler once that owner answered the check that it does not hold it,
+//     and offered to a worker, within the stream's latency. A field no write repairs
+//     (nudged_at_ms, seq_epoch) mistyped on an owned item stops it with status
+//     invalid naming the field, found by the same checkpoint or backstop read; the
+//     release is not news to the reconciler, so nobody acquires it again until it is
+//     fixed.
 //   - Run joins every goroutine it started, including connection goroutines.
 //   - Planned handoff (stream mode, Config.Handoff; handoff*.go, docs/HANDOFF.md):
 //     the old owner stops delivering (its stream returns, everything read delivered)
@@ -90,7 +117,17 @@
 //     cannot be prepared ends in the release above, saying why in status_error; a
 //     drain hands off first and releases what is left, within DrainTimeout.
 //
-// Non-guarantees: delivery is at least once. Messages delivered after the last
+// Non-guarantees: an edit the holder finds at its checkpoint or backstop read (a
+// stale image whose lease looks live, lease_owner deleted or set to another worker)
+// is repaired in the table up to one checkpoint interval later for a streaming
+// connection and one backstop interval for an idle one; the holder streams on
+// meanwhile, and the reconciler's own repairs of what nobody answers for (the
+// dead-member pass's later releases, the sweep's nudges) wait NudgeAfter, which must
+// exceed BackstopInterval plus RenewInterval. A stale image naming a member that is
+// declared dead by the same pass that releases it (the image written while that
+// member was still live, the holder's write not yet made) is released at once; a
+// second worker may then deliver until the holder's next owner write.
+// Delivery is at least once. Messages delivered after the last
 // checkpoint are delivered again by the next owner if this worker dies without
 // releasing; that window is one checkpoint interval (stream mode) or one renew
 // interval (polling mode) of traffic.

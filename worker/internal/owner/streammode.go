@@ -343,10 +343,11 @@ func (r *streamMode) backstop(ctx context.Context) {
 	}
 }
 
-// differs says whether sn is not what o holds. The spec counts: no stream record
-// reports a spec edit, and an idle connection has no checkpoint to read it.
+// differs says whether sn is not what o holds. The spec, the expiry and the fields
+// no write repairs count: no stream record reports their edits on an owned item,
+// and an idle connection has no checkpoint to read them.
 func differs(o *owned, sn lease.Snapshot, me string) bool {
-	return !sn.Found || sn.LeaseOwner != me || sn.LeaseVersion != o.lease.Version ||
+	return !sn.Found || sn.LeaseOwner != me || sn.LeaseVersion != o.lease.Version || sn.ExpiresAtMs != schema.LeaseHeldByMember ||
 		sn.DesiredState != schema.Started || sn.WSURL != o.s.URL() ||
-		sn.SpecErr != nil || !reflect.DeepEqual(sn.Spec, o.lease.Spec)
+		sn.SpecErr != nil || sn.Unrunnable != nil || !reflect.DeepEqual(sn.Spec, o.lease.Spec)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/registry"
+	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
@@ -278,4 +279,29 @@ func TestSlowCheckpointsDoNotDelayTheRenew(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The backstop read looks closer at what no stream record reports on an owned item:
+// a deleted or zeroed expiry, and a mistyped field no write repairs (issue 21).
+func TestBackstopSeesConsoleEdits(t *testing.T) {
+	s := &fakeStream{}
+	s.SetURL(url0)
+	o := &owned{lease: lease.Lease{ID: "c", Owner: "w1", Version: 7}, s: s}
+	held := lease.Snapshot{Found: true, DesiredState: schema.Started, WSURL: url0, LeaseOwner: "w1", LeaseVersion: 7,
+		ExpiresAtMs: schema.LeaseHeldByMember}
+	if differs(o, held, "w1") {
+		t.Fatal("an unchanged item differs")
+	}
+	for name, edit := range map[string]func(*lease.Snapshot){
+		"expiry deleted or zeroed": func(sn *lease.Snapshot) { sn.ExpiresAtMs = 0 },
+		"owner deleted":            func(sn *lease.Snapshot) { sn.LeaseOwner = "" },
+		"stale version":            func(sn *lease.Snapshot) { sn.LeaseVersion = 6 },
+		"mistyped nudged_at_ms":    func(sn *lease.Snapshot) { sn.Unrunnable = errors.New("invalid nudged_at_ms") },
+	} {
+		sn := held
+		edit(&sn)
+		if !differs(o, sn, "w1") {
+			t.Errorf("%s: not seen", name)
+		}
+	}
 }
