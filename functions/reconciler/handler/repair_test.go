@@ -47,7 +47,9 @@ func TestStaleReleasedImageIsOfferedOnceTheHolderLetGo(t *testing.T) {
 	if got := r.sender.calls["w1:8080"]; len(got) != 1 || got[0] != (wakeup.Conn{ID: "c1", LeaseVersion: 5, Reason: wakeup.Check}) {
 		t.Errorf("holder got %+v", got)
 	}
-	want := []wakeup.Conn{{ID: "c1", LeaseVersion: 3, Reason: wakeup.NeedsOwner}}
+	// The offer carries the holder's version (5), not the stale image's (3), as the
+	// floor of the next acquire.
+	want := []wakeup.Conn{{ID: "c1", LeaseVersion: 5, Reason: wakeup.NeedsOwner}}
 	if got := r.sender.calls["w2:8080"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("w2 got %+v, want %+v", got, want)
 	}
