@@ -172,7 +172,10 @@ func ValidateURL(raw string) error {
 	if strings.Contains(raw, "{{secret:") {
 		return fmt.Errorf("%w %s: a {{secret:…}} reference is not substituted in the URL; send the credential in a header or an open message", ErrInvalid, AttrWSURL)
 	}
-	u, err := url.Parse(raw)
+	if err := checkTokenRefs(raw, true); err != nil {
+		return fmt.Errorf("%w %s: %v", ErrInvalid, AttrWSURL, err)
+	}
+	u, err := url.Parse(TemplateURL(raw)) // a {{token:PATH}} is filled before each dial (token.go)
 	if err != nil {
 		return fmt.Errorf("%w %s %q: %v", ErrInvalid, AttrWSURL, clip(RedactURL(raw)), URLParseError(err))
 	}

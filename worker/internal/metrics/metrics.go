@@ -66,6 +66,12 @@ type Counters struct {
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
 	SecretErrors  atomic.Int64 // secret references that could not be resolved
+	// REST requests of the spec (token_request, refresh, snapshot).
+	TokenErrors     atomic.Int64 // token requests that failed (the dial did not happen)
+	RefreshFailures atomic.Int64 // refresh requests that failed (the socket rotated)
+	Snapshots       atomic.Int64 // snapshot records queued for delivery
+	SnapshotErrors  atomic.Int64 // snapshot requests that failed
+	SnapshotsStale  atomic.Int64 // snapshots older than what was delivered; not delivered
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -124,6 +130,11 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},
+		{"sockfleet_token_errors_total", &c.TokenErrors},
+		{"sockfleet_token_refresh_failures_total", &c.RefreshFailures},
+		{"sockfleet_snapshots_total", &c.Snapshots},
+		{"sockfleet_snapshot_errors_total", &c.SnapshotErrors},
+		{"sockfleet_snapshots_stale_total", &c.SnapshotsStale},
 		{"sockfleet_handoffs_total", &c.Handoffs},
 		{"sockfleet_handoff_fallbacks_total", &c.HandoffFallbacks},
 		{"sockfleet_handoffs_taken_total", &c.HandoffsTaken},
