@@ -300,9 +300,12 @@ func (s *Stream) session(ctx context.Context) error {
 		next := make(chan *socket, 1)
 		rctx, rcancel := context.WithCancel(ctx)
 		var rwg sync.WaitGroup
-		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" {
+		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" || sock.tok != nil {
 			// Only then: an idle socket without rotation costs no third goroutine.
 			rwg.Go(func() { s.rotator(rctx, sock, rotate, next) })
+		}
+		if sock.tok != nil && s.set.spec.TokenRequest.Refresh != nil {
+			rwg.Go(func() { s.refresher(rctx, sock, rotate) }) // token.go
 		}
 		err = s.deliver(ctx, msgs, sock.readErr)
 		rcancel()
