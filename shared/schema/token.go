@@ -31,7 +31,7 @@ const (
 	MaxRequestBody        = 64 << 10
 	MaxTokenResponse      = 64 << 10 // bytes of a token_request or refresh answer read
 	DefaultRequestTimeout = 10 * time.Second
-	MinRefresh            = time.Second
+	MinRefresh            = 100 * time.Millisecond
 	MaxRefresh            = 24 * time.Hour
 )
 

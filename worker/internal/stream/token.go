@@ -21,11 +21,11 @@ type token struct {
 	expires time.Time // zero: none
 }
 
-// Bounds of an expires field: below the first, seconds from the answer; from the
-// second on, unix epoch milliseconds. Between is neither (a typo, or seconds since
-// the epoch), and refused.
+// Bounds of an expires field: below the first (about 3 years), seconds from the
+// answer; from the second on, unix epoch milliseconds. Between is neither (seconds
+// since the epoch, say), and refused rather than guessed.
 const (
-	expiresMaxSeconds = 1e10
+	expiresMaxSeconds = 1e8
 	expiresMinEpochMs = 1e12
 )
 
@@ -136,7 +136,7 @@ func (t *token) value(path string) (string, error) {
 var errNoField = errors.New("no such field")
 
 // expiry reads the expiry at path: a number (or a string of one) of seconds from
-// at, below 10^10, or of unix milliseconds, from 10^12 on. The error never quotes
+// at, below 10^8, or of unix milliseconds, from 10^12 on. The error never quotes
 // the value of anything but a number.
 func (t *token) expiry(path string, at time.Time) (time.Time, error) {
 	v, err := t.value(path)
@@ -159,7 +159,7 @@ func (t *token) expiry(path string, at time.Time) (time.Time, error) {
 		}
 		return exp, nil
 	}
-	return time.Time{}, fmt.Errorf("field %s: %v: want seconds (below 10^10) or epoch milliseconds (10^12 and over)", path, n)
+	return time.Time{}, fmt.Errorf("field %s: %v: want seconds (below 10^8) or epoch milliseconds (10^12 and over)", path, n)
 }
 
 // fill replaces v's {{token:PATH}} references (t nil: v as is).
