@@ -163,8 +163,10 @@ func ParseState(s string) (State, error) {
 }
 
 // ValidateURL accepts ws:// and wss:// URLs with a host, up to MaxURLLen bytes. A
-// URL is never a template: a {{secret:…}} reference in it is refused, since it would
-// be sent as written (and a secret in the host would choose where secrets go).
+// {{secret:…}} reference in it is refused, since it would be sent as written (and a
+// secret in the host would choose where secrets go). A {{token:PATH}} reference is
+// accepted anywhere, the whole endpoint included (token.go): the worker fills it
+// before each dial and checks the result, and secrets stay bound to the host dialed.
 func ValidateURL(raw string) error {
 	if len(raw) > MaxURLLen {
 		return fmt.Errorf("%w %s: %d bytes, limit %d", ErrInvalid, AttrWSURL, len(raw), MaxURLLen)
