@@ -27,7 +27,9 @@
 // counted.go holds what counter mode (no sequence path) does instead: break-before-
 // make, reading each socket to the upstream's close reply; seq.go follows the
 // upstream's numbering; config.go and factory.go hold the settings and make a
-// worker's streams.
+// worker's streams. token.go makes the spec's token_request before each dial (and
+// its refresh while a socket lives), snapshot.go its snapshot after each connect
+// and gap, both through rest.go, which bounds them per host.
 package stream
 
 import (
