@@ -172,7 +172,10 @@ func TestSnapshotFailures(t *testing.T) {
 			snk := &memSink{}
 			cfg := testConfig(t, snk, "seq")
 			sp := snapshotSpec(rest.URL, "c1")
-			sp.Snapshot.Timeout = 100 * time.Millisecond
+			sp.Snapshot.Timeout = 5 * time.Second // reading the huge answer takes time under load
+			if c.name == "timeout" {
+				sp.Snapshot.Timeout = 100 * time.Millisecond
+			}
 			s := specStream(t, cfg, up.URL("c1"), "c1", 0, sp)
 			stop := run(s)
 			waitFor(t, 5*time.Second, "the failure counted", func() bool { return cfg.Metrics.SnapshotErrors.Load() == 1 })

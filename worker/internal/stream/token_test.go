@@ -167,6 +167,9 @@ func TestTokenRequestFailures(t *testing.T) {
 				Method: "POST", URL: rest.URL + "/token", Headers: map[string]string{"X-Api-Key": "{{secret:api}}"},
 				Timeout: 200 * time.Millisecond,
 			}}}
+			if c.name != "timeout" {
+				sp.TokenRequest.Timeout = 5 * time.Second // only the timeout case is about time
+			}
 			if c.tweak != nil {
 				c.tweak(&sp)
 			}
