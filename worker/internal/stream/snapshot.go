@@ -27,9 +27,8 @@ const (
 var errStale = errors.New("older than the stream")
 
 // fetchSnapshot makes the snapshot request until its answer covers at least need
-// (the socket's position: its deltas are delivered), or fails after snapshotTries.
-// need < 0 takes any answer.
-func (s *Stream) fetchSnapshot(sock *socket, need int64) (int64, []byte, error) {
+// (why says what need is), or fails after snapshotTries. need < 0 takes any answer.
+func (s *Stream) fetchSnapshot(sock *socket, need int64, why string) (int64, []byte, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -64,7 +63,7 @@ func (s *Stream) fetchSnapshot(sock *socket, need int64) (int64, []byte, error) 
 			continue
 		}
 		if seq < need {
-			err = fmt.Errorf("%s at seq %d is %w: seq %d is already delivered", schema.AttrSnapshot, seq, errStale, need)
+			err = fmt.Errorf("%s at seq %d is %w: %s", schema.AttrSnapshot, seq, errStale, why)
 			continue
 		}
 		return seq, data, nil
@@ -85,7 +84,7 @@ func (s *Stream) snapshotAtConnect(sock *socket, t *tracker, msgs chan<- sink.Me
 	if t.st.ref {
 		need = t.st.last
 	}
-	seq, data, err := s.fetchSnapshot(sock, need)
+	seq, data, err := s.fetchSnapshot(sock, need, fmt.Sprintf("seq %d is already delivered", need))
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			return false
@@ -107,7 +106,7 @@ func (s *Stream) resync(sock *socket, t *tracker, m sink.Message, msgs chan<- si
 		return m, true
 	}
 	t.resynced = now
-	seq, data, err := s.fetchSnapshot(sock, m.Seq-1)
+	seq, data, err := s.fetchSnapshot(sock, m.Seq-1, fmt.Sprintf("the gap ends at seq %d", m.Seq-1))
 	if err != nil {
 		if !errors.Is(err, context.Canceled) {
 			s.setStatus("streaming", fmt.Errorf("gap before seq %d not resynced: %w", m.Seq, err))

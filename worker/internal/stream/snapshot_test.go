@@ -262,3 +262,35 @@ func TestHostSlots(t *testing.T) {
 		t.Fatalf("unused hosts kept: %v %v", h.m, h.users)
 	}
 }
+
+// A resync whose snapshot does not reach the gap (the REST side lags) delivers the
+// delta after the gap, as without resync, and says so.
+func TestGapResyncWithALaggingSnapshot(t *testing.T) {
+	up := upstream(t, demoupstream.Config{Rate: 200, Size: 8})
+	snk := &memSink{}
+	cfg := testConfig(t, snk, "seq")
+	sp := snapshotSpec("http://"+up.Addr(), "c1")
+	sp.Snapshot.OnGap = schema.OnGapResync
+	s := specStream(t, cfg, up.URL("c1"), "c1", 0, sp)
+	stop := run(s)
+	waitFor(t, 5*time.Second, "streaming", func() bool { return len(snk.all()) >= 30 })
+	up.SnapshotLag("c1", 1_000_000)
+	up.Skip("c1", 40)
+	waitFor(t, 5*time.Second, "the stale resync counted", func() bool { return cfg.Metrics.SnapshotsStale.Load() == 1 })
+	n := len(snk.all())
+	waitFor(t, 5*time.Second, "deltas after the gap", func() bool { return len(snk.all()) >= n+10 })
+	st := s.Status()
+	stop(ErrGraceful)
+	if k := cfg.Metrics.Snapshots.Load(); k != 1 {
+		t.Fatalf("%d snapshots, want the connect's only", k)
+	}
+	if !strings.Contains(st.Error, "not resynced: snapshot at seq 0 is older than the stream: the gap ends at seq") {
+		t.Fatalf("status %+v", st)
+	}
+	seqs := snk.seqs()
+	for i := 2; i < len(seqs); i++ { // after the snapshot: one jump of 40, else one by one
+		if d := seqs[i] - seqs[i-1]; d != 1 && d != 41 {
+			t.Fatalf("seq %d after %d", seqs[i], seqs[i-1])
+		}
+	}
+}
