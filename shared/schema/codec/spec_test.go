@@ -270,3 +270,19 @@ func FuzzDecodeSpec(f *testing.F) {
 		}
 	})
 }
+
+// A ws_url that references {{token:…}} needs a token_request on the item.
+func TestTokenURLNeedsATokenRequest(t *testing.T) {
+	it := goodItem()
+	it[schema.AttrWSURL] = S("wss://h/ws/{{token:listenKey}}")
+	c, err := DecodeConnection(it)
+	if err == nil || !errors.Is(err, schema.ErrInvalid) || c.Unrunnable() == nil ||
+		!strings.Contains(err.Error(), "ws_url: {{token:…}} without a token_request") {
+		t.Fatalf("%v, unrunnable %v", err, c.Unrunnable())
+	}
+	c.Spec.TokenRequest = &schema.TokenRequest{Request: schema.Request{Method: "POST", URL: "https://h/api/v3/userDataStream"}}
+	c.SpecErr = nil
+	if back, err := DecodeConnection(EncodeConnection(c)); err != nil || back.Unrunnable() != nil {
+		t.Fatalf("with a token_request: %v %v", err, back.Unrunnable())
+	}
+}
