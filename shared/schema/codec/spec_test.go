@@ -231,6 +231,7 @@ func FuzzDecodeSpec(f *testing.F) {
 	f.Add(`{"open_messages":[{"text":"x","expect_field":"a.b=c"}],"resume":"query:from={seq}","seq_path":"seq","bad_messages":"pass"}`)
 	f.Add(`{"headers":{"X":"{{secret:a#b}}{{secret:"},"open_messages":[[]],"keepalive":[]}`)
 	f.Add(`{"token_request":{"method":"POST","url":"https://h/t","headers":{"K":"{{secret:k}}"},"expires":"d.e","refresh":{"url":"https://h/r?k={{token:k}}","interval":"30m"}},"headers":{"A":"{{token:d.t}}"}}`)
+	f.Add(`{"token_request":{"url":"https://h","headers":{}}}`) // an empty map decodes as none, as it encodes
 	f.Add(`{"snapshot":{"url":"https://h/s/{conn}","seq_path":"lastUpdateId","on_gap":"resync","timeout":"2s"},"seq_path":"u"}`)
 	f.Fuzz(func(t *testing.T, doc string) {
 		// The CLI's --spec reader: never panics, errors wrap ErrInvalid, accepted specs validate.

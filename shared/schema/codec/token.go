@@ -77,8 +77,10 @@ func decodeRequest(m *subDecoder) (schema.Request, error) {
 		if len(hm.Value) > schema.MaxHeaders {
 			return r, fmt.Errorf("%w %s: %d headers, limit %d", schema.ErrInvalid, name, len(hm.Value), schema.MaxHeaders)
 		}
-		r.Headers = make(map[string]string, len(hm.Value))
 		for _, k := range slices.Sorted(maps.Keys(hm.Value)) {
+			if r.Headers == nil {
+				r.Headers = make(map[string]string, len(hm.Value))
+			}
 			sv, isS := hm.Value[k].(*types.AttributeValueMemberS)
 			if !isS {
 				return r, secretTypeErr(name+"."+k, "S", hm.Value[k])
