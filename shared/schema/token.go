@@ -126,6 +126,9 @@ func CheckTokenPath(p string) error {
 	if p == "" || len(p) > 256 {
 		return fmt.Errorf("path %q: want 1 to 256 bytes", clip(p))
 	}
+	if strings.ContainsAny(p, "{}") {
+		return fmt.Errorf("path %q: no braces", clip(p)) // {{token:PATH}} could not spell it
+	}
 	if err := CheckSeqPath(p); err != nil {
 		return fmt.Errorf("path %w", err)
 	}

@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -247,3 +248,25 @@ func TestTokenValue(t *testing.T) {
 }
 
 var _ sink.Sink = (*memSink)(nil)
+
+// FuzzTokenAnswer feeds arbitrary answers and paths: reading a field or an expiry
+// never panics, and a value found is what filling a template inserts.
+func FuzzTokenAnswer(f *testing.F) {
+	f.Add(`{"data":{"token":"T","instanceServers":[{"endpoint":"wss://e"}]}}`, "data.instanceServers.0.endpoint")
+	f.Add(`{"listenKey":"k","exp":1764800000000}`, "exp")
+	f.Add(`[1,[2,{"a":null}]]`, "1.1.a")
+	f.Fuzz(func(t *testing.T, doc, path string) {
+		tok := &token{}
+		dec := json.NewDecoder(strings.NewReader(doc))
+		dec.UseNumber()
+		if dec.Decode(&tok.doc) != nil || schema.CheckTokenPath(path) != nil {
+			return
+		}
+		_, _ = tok.expiry(path, time.Now())
+		v, err := tok.value(path)
+		got, ferr := tok.fill("<{{token:" + path + "}}>")
+		if (err == nil) != (ferr == nil) || (err == nil && got != "<"+v+">") {
+			t.Fatalf("value %q %v, fill %q %v", v, err, got, ferr)
+		}
+	})
+}
