@@ -111,8 +111,10 @@ func TestTokenAndSnapshotAcrossRotationAndHandoff(t *testing.T) {
 		t.Fatal(err)
 	}
 	var l bookLog
-	w1 := e.worker("w1", opts{sink: bookSink{l: &l, worker: "w1"}})
-	w2 := e.worker("w2", opts{sink: bookSink{l: &l, worker: "w2"}})
+	// A backstop read every 300 ms compares the item's spec with the one streaming:
+	// token_request and snapshot must read back equal, or the owner restarts it.
+	w1 := e.worker("w1", opts{sink: bookSink{l: &l, worker: "w1"}, backstop: 300 * time.Millisecond})
+	w2 := e.worker("w2", opts{sink: bookSink{l: &l, worker: "w2"}, backstop: 300 * time.Millisecond})
 	e.wake(w1, wakeup.NeedsOwner, 0, "book")
 	waitFor(t, 10*time.Second, "w1 rotating to a new token", func() bool { return w1.Metrics.Rotations.Load() >= 1 && l.count("w1") >= 100 })
 	if r := e.wakeHandoff(w1, "book", "w2"); r.Result != wakeup.HandingOff {
@@ -139,6 +141,9 @@ func TestTokenAndSnapshotAcrossRotationAndHandoff(t *testing.T) {
 	}
 	if w1.Metrics.Reconnects.Load()+w2.Metrics.Reconnects.Load() != 0 {
 		t.Fatal("a socket broke: want only rotations and the handoff")
+	}
+	if a, c := w1.Metrics.Acquisitions.Load(), e.get("book"); a != 1 || c.LeaseOwner != "w2" || c.Status == "restarting" {
+		t.Fatalf("w1 acquired %d times; item %+v: want one acquisition and no restart", a, c)
 	}
 	t.Logf("%d snapshots, %d tokens minted, rotations w1 %d w2 %d", snaps, ts.Minted, w1.Metrics.Rotations.Load(), w2.Metrics.Rotations.Load())
 }
