@@ -182,9 +182,9 @@ func TestTokenRequestFailures(t *testing.T) {
 			if !strings.Contains(st.Error, schema.AttrTokenRequest) || strings.Contains(st.Error, secret) || strings.Contains(st.Error, tokenValue) {
 				t.Fatalf("status %+v: want the request named, neither the secret nor the token", st)
 			}
-			if !sawKey.Load() {
-				t.Fatal("the token endpoint did not get the secret header")
-			}
+			// The status can come from the client's timeout before the handler ran (a
+			// loaded machine); some attempt reaches it.
+			waitFor(t, 5*time.Second, "the secret header at the token endpoint", sawKey.Load)
 			if n := up.Stats("c1").Connects; n != 0 {
 				t.Fatalf("%d dials without a token", n)
 			}
