@@ -1,7 +1,11 @@
 // Command demo-upstream serves numbered WebSocket streams at
 // ws://ADDR/streams/{id}?from=N for local runs, tests and benchmarks, with test
 // controls under http://ADDR/control/ (drop, close, refuse, accept, stall, garbage,
-// stats, events). See package shared/local/demoupstream.
+// stats, events), and an exchange's REST side: POST /bullet (a KuCoin-style token
+// and endpoint), POST and PUT /listenKey (a Binance-style key and its keepalive),
+// GET /snapshot/{id} (an order-book snapshot with its sequence). With
+// -require-token a handshake must carry a live token. See package
+// shared/local/demoupstream.
 package main
 
 import (
@@ -12,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 )
@@ -23,9 +28,12 @@ func main() {
 	buffer := flag.Int64("buffer", 1_000_000, "how many past messages a resume may reach back")
 	liveHead := flag.Bool("live-head", false, `ignore the resume point: every socket starts at the live head, frames numbered in "n"`)
 	delay := flag.Duration("handshake-delay", 0, "answer each handshake only after this long (a far upstream's dial time)")
+	requireToken := flag.Bool("require-token", false, "refuse handshakes without a live ?token= or ?listenKey= (minted by POST /bullet or /listenKey)")
+	tokenTTL := flag.Duration("token-ttl", time.Hour, "how long a minted token lives; PUT /listenKey extends it by as much")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer, LiveHead: *liveHead, HandshakeDelay: *delay}, log); err != nil {
+	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer, LiveHead: *liveHead, HandshakeDelay: *delay,
+		RequireToken: *requireToken, TokenTTL: *tokenTTL}, log); err != nil {
 		fmt.Fprintln(os.Stderr, "demo-upstream:", err)
 		os.Exit(1)
 	}

@@ -200,3 +200,36 @@ func TestConnAddSpec(t *testing.T) {
 		t.Fatalf("a refused add wrote %v (%v)", res.Item, err)
 	}
 }
+
+// A --spec file may carry token_request and snapshot; the output names the requests
+// (query redacted), never a header value or the body.
+func TestConnAddTokenAndSnapshotSpec(t *testing.T) {
+	e, cmd := setup(t)
+	file := filepath.Join(t.TempDir(), "spec.json")
+	if err := os.WriteFile(file, []byte(`{"token_request":{"method":"POST","url":"https://api.example.com/bullet?sig=q-secret-4",
+		"headers":{"X-Key":"lit-key-9"},"body":"body-8","expires":"data.expires_in"},
+		"seq_path":"sequence","snapshot":{"url":"https://api.example.com/book","seq_path":"sequence","on_gap":"resync"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("conn", "add", "k1", "{{token:data.endpoint}}?token={{token:data.token}}", "--spec", file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "token_request POST https://api.example.com/bullet?REDACTED") || !strings.Contains(out, "snapshot GET https://api.example.com/book") {
+		t.Fatalf("output %q", out)
+	}
+	for _, v := range []string{"q-secret-4", "lit-key-9", "body-8"} {
+		if strings.Contains(out, v) {
+			t.Fatalf("output %q shows %s", out, v)
+		}
+	}
+	res, err := e.DB.GetItem(context.Background(), &dynamodb.GetItemInput{TableName: &e.Table,
+		Key: codec.Item{schema.AttrPK: codec.S(schema.ConnKey("k1"))}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := codec.DecodeConnection(res.Item)
+	if err != nil || c.Spec.TokenRequest == nil || c.Spec.Snapshot == nil || c.Spec.Snapshot.OnGap != schema.OnGapResync {
+		t.Fatalf("stored %+v, %v", c.Spec, err)
+	}
+}

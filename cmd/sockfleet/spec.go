@@ -247,5 +247,22 @@ func describeSpec(s schema.Spec) string {
 	if s.MaxSeqJump > 0 {
 		parts = append(parts, "max_seq_jump "+strconv.FormatInt(s.MaxSeqJump, 10))
 	}
+	// A request is shown by method and URL, its query redacted; never its headers or body.
+	req := func(r schema.Request) string {
+		m := r.Method
+		if m == "" {
+			m = "GET"
+		}
+		return m + " " + schema.RedactURL(r.URL)
+	}
+	if t := s.TokenRequest; t != nil {
+		parts = append(parts, "token_request "+req(t.Request))
+		if t.Refresh != nil {
+			parts = append(parts, "refresh every "+t.Refresh.Interval.String())
+		}
+	}
+	if sn := s.Snapshot; sn != nil {
+		parts = append(parts, "snapshot "+req(sn.Request))
+	}
 	return "; spec: " + strings.Join(parts, "; ")
 }

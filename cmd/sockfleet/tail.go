@@ -59,6 +59,7 @@ type tally struct {
 	first, last      int64
 	epoch            int64
 	bad              int
+	snapshots        int // records marked snapshot: a jump to one is not a gap
 	stale, dups      int // dropped by the rule: a lower lease_version; at or below the accepted position
 }
 
@@ -96,6 +97,9 @@ func (p *printer) line(b []byte) {
 		t.bad++
 	case r.Epoch > t.epoch: // the upstream's numbering restarted: a new range, no gap
 		t.epoch, t.first, t.last = r.Epoch, r.Seq, r.Seq
+	case r.Snapshot && r.Epoch == t.epoch && r.Seq >= t.last:
+		t.snapshots++ // the state up to its seq: the deltas it covers are not sent
+		t.last = r.Seq
 	case r.Epoch < t.epoch || r.Seq <= t.last:
 		t.repeats++
 	case r.Seq > t.last+1:
@@ -123,6 +127,9 @@ func (p *printer) line(b []byte) {
 	if r.Bad {
 		flag = " bad" + flag
 	}
+	if r.Snapshot {
+		flag = " snapshot" + flag
+	}
 	if r.Version != 0 {
 		flag = fmt.Sprintf(" lease_version=%d%s", r.Version, flag)
 	}
@@ -142,8 +149,12 @@ func (p *printer) summary() {
 		if t.epoch != 0 {
 			epoch = fmt.Sprintf(" (epoch %d)", t.epoch)
 		}
-		fmt.Fprintf(p.out, "%s\t%d messages, seq %d..%d%s, %d gaps, %d repeats, %d bad; dropped %d stale, %d duplicates (lease_version %d)\n",
-			id, t.n, t.first, t.last, epoch, t.gaps, t.repeats, t.bad, t.stale, t.dups, p.fence.State(id).Version)
+		snaps := ""
+		if t.snapshots > 0 {
+			snaps = fmt.Sprintf(", %d snapshots", t.snapshots)
+		}
+		fmt.Fprintf(p.out, "%s\t%d messages, seq %d..%d%s%s, %d gaps, %d repeats, %d bad; dropped %d stale, %d duplicates (lease_version %d)\n",
+			id, t.n, t.first, t.last, epoch, snaps, t.gaps, t.repeats, t.bad, t.stale, t.dups, p.fence.State(id).Version)
 	}
 	if p.skipped > 0 {
 		fmt.Fprintf(p.out, "%d lines were not sink records\n", p.skipped)

@@ -187,3 +187,24 @@ func FuzzTailLine(f *testing.F) {
 		}
 	})
 }
+
+// A snapshot record is shown as one, and the jump to its sequence is no gap.
+func TestTailSnapshot(t *testing.T) {
+	_, cmd := setup(t)
+	path := filepath.Join(t.TempDir(), "w1.jsonl")
+	in := []string{
+		`{"conn":"book","seq":40,"epoch":0,"snapshot":true,"data":{"seq":40}}`,
+		`{"conn":"book","seq":41,"epoch":0,"data":{"seq":41}}`,
+		`{"conn":"book","seq":90,"epoch":0,"snapshot":true,"data":{"seq":90}}`,
+		`{"conn":"book","seq":91,"epoch":0,"data":{"seq":91}}`,
+		`{"conn":"book","seq":93,"epoch":0,"data":{"seq":93}}`,
+	}
+	if err := os.WriteFile(path, []byte(strings.Join(in, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd("tail", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTail(t, out, []string{"book\tseq=90 epoch=0 snapshot\t", "book\t5 messages, seq 40..93, 2 snapshots, 1 gaps, 0 repeats"})
+}

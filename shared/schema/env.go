@@ -80,6 +80,7 @@ const (
 	EnvHandoffStandbyTimeout = "SOCKFLEET_HANDOFF_STANDBY_TIMEOUT" // a ready standby without a commit reads the item after this; default prepare + 10s
 	EnvStandbyMaxMessages    = "SOCKFLEET_STANDBY_MAX_MESSAGES"    // messages a standby holds before the commit; default 10000
 	EnvStandbyMaxBytes       = "SOCKFLEET_STANDBY_MAX_BYTES"       // bytes a standby holds before the commit; default 4194304
+	EnvRESTPerHost           = "SOCKFLEET_REST_PER_HOST"           // spec requests (token, refresh, snapshot) in flight per host; default 4
 )
 
 // WorkerEnvVars names every variable the worker reads, so a tool that passes worker
@@ -93,6 +94,7 @@ var WorkerEnvVars = []string{
 	EnvCheckpointInterval, EnvBackstopInterval,
 	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL, EnvIdleTimeout,
 	EnvHandoff, EnvHandoffPrepareTimeout, EnvHandoffStandbyTimeout, EnvStandbyMaxMessages, EnvStandbyMaxBytes,
+	EnvRESTPerHost,
 }
 
 // WorkerContainer is the name of the worker's container in the ECS task definition.

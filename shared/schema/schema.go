@@ -170,8 +170,10 @@ func ParseState(s string) (State, error) {
 }
 
 // ValidateURL accepts ws:// and wss:// URLs with a host, up to MaxURLLen bytes. A
-// URL is never a template: a {{secret:…}} reference in it is refused, since it would
-// be sent as written (and a secret in the host would choose where secrets go).
+// {{secret:…}} reference in it is refused, since it would be sent as written (and a
+// secret in the host would choose where secrets go). A {{token:PATH}} reference is
+// accepted anywhere, the whole endpoint included (token.go): the worker fills it
+// before each dial and checks the result, and secrets stay bound to the host dialed.
 func ValidateURL(raw string) error {
 	if len(raw) > MaxURLLen {
 		return fmt.Errorf("%w %s: %d bytes, limit %d", ErrInvalid, AttrWSURL, len(raw), MaxURLLen)
@@ -179,7 +181,10 @@ func ValidateURL(raw string) error {
 	if strings.Contains(raw, "{{secret:") {
 		return fmt.Errorf("%w %s: a {{secret:…}} reference is not substituted in the URL; send the credential in a header or an open message", ErrInvalid, AttrWSURL)
 	}
-	u, err := url.Parse(raw)
+	if err := checkTokenRefs(raw, true); err != nil {
+		return fmt.Errorf("%w %s: %v", ErrInvalid, AttrWSURL, err)
+	}
+	u, err := url.Parse(TemplateURL(raw)) // a {{token:PATH}} is filled before each dial (token.go)
 	if err != nil {
 		return fmt.Errorf("%w %s %q: %v", ErrInvalid, AttrWSURL, clip(RedactURL(raw)), URLParseError(err))
 	}

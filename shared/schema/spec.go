@@ -93,6 +93,8 @@ type Spec struct {
 	IdleReconnect bool
 	SeqReset      string
 	MaxSeqJump    int64
+	TokenRequest  *TokenRequest // token.go
+	Snapshot      *Snapshot
 }
 
 // OpenMessage is one frame sent after connect, and what its reply must look like.
@@ -120,7 +122,8 @@ type Keepalive struct {
 func (s Spec) Zero() bool {
 	return len(s.Headers) == 0 && len(s.Subprotocols) == 0 && len(s.OpenMessages) == 0 && s.Keepalive == nil &&
 		s.MaxLifetime == 0 && s.ShutdownMatch == "" && s.Resume == "" && s.SeqPath == "" && s.BadMessages == "" &&
-		s.Start == "" && s.IdleTimeout == 0 && !s.IdleReconnect && s.SeqReset == "" && s.MaxSeqJump == 0
+		s.Start == "" && s.IdleTimeout == 0 && !s.IdleReconnect && s.SeqReset == "" && s.MaxSeqJump == 0 &&
+		s.TokenRequest == nil && s.Snapshot == nil
 }
 
 // StartSeq returns the sequence a first connect resumes after, and false for
@@ -254,7 +257,7 @@ func (s Spec) Validate() error {
 	if s.MaxSeqJump < 0 {
 		return specErr(AttrMaxSeqJump, "%d: must not be negative", s.MaxSeqJump)
 	}
-	return nil
+	return s.validateRequests()
 }
 
 func (m OpenMessage) validate() error {

@@ -4,7 +4,8 @@
 // everything that reads a sink back decodes with Parse or ParseBatch.
 //
 // Guarantees: Append writes one line (no newline inside, one at the end) in a fixed
-// field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then the payload: "data" (a text
+// field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then
+// "snapshot" (when true), then the payload: "data" (a text
 // payload that is valid JSON, compacted) or "data_b64" (anything else, base64), or
 // "oversize" instead of a payload. Parse accepts exactly one JSON object with a
 // non-empty conn and exactly one payload (none for an oversize stub), and a record
@@ -34,6 +35,10 @@ type Record struct {
 	// delivered (docs/SINKS.md, "Fencing"). 0: unknown (a record from before the field).
 	Version int64
 	Bad     bool // passed on although its sequence could not be parsed, or too large to send
+	// Snapshot marks the answer of the connection's snapshot request: the state up to
+	// and including Seq. Deltas at or below Seq are not delivered after it. A reader
+	// that ignores the field sees an ordinary record (docs/SINKS.md, "Snapshots").
+	Snapshot bool
 	// Oversize, with Bad, is the size in bytes of a message too large for a Kinesis
 	// record; the record then carries no payload.
 	Oversize int64
@@ -58,6 +63,9 @@ func Append(b []byte, r Record) []byte {
 	}
 	if r.Bad {
 		b = append(b, `,"bad":true`...)
+	}
+	if r.Snapshot {
+		b = append(b, `,"snapshot":true`...)
 	}
 	switch {
 	case r.Oversize > 0:
@@ -89,6 +97,7 @@ type wire struct {
 	Epoch    int64           `json:"epoch"`
 	Version  int64           `json:"lease_version"`
 	Bad      bool            `json:"bad"`
+	Snapshot bool            `json:"snapshot"`
 	Oversize int64           `json:"oversize"`
 	Data     json.RawMessage `json:"data"`
 	DataB64  *[]byte         `json:"data_b64"`
@@ -125,7 +134,7 @@ func ParseBatch(body []byte) ([]Record, error) {
 }
 
 func (w wire) record() (Record, error) {
-	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Oversize: w.Oversize}
+	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Snapshot: w.Snapshot, Oversize: w.Oversize}
 	hasData := w.Data != nil
 	switch {
 	case w.Conn == "":

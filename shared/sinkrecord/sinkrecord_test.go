@@ -48,6 +48,9 @@ var golden = []struct {
 	{"oversize stub",
 		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Version: 7, Bad: true, Oversize: 1048600},
 		Record{Conn: `a"b`, Seq: 9, Epoch: 1, Version: 7, Bad: true, Oversize: 1048600}},
+	{"snapshot",
+		Record{Conn: "book-1", Seq: 1200, Version: 3, Snapshot: true, Data: []byte(`{"seq":1200,"bids":[[1,2]]}`)},
+		Record{Conn: "book-1", Seq: 1200, Version: 3, Snapshot: true, Data: []byte(`{"seq":1200,"bids":[[1,2]]}`)}},
 }
 
 // The wire format, byte for byte: a change here breaks every consumer.

@@ -19,6 +19,10 @@
 // two clients streamed the same stream at once: double ownership), and it can be told
 // to drop clients, close them with a code, refuse handshakes, stall, or send garbage,
 // through the Go API or the HTTP control endpoints under /control/.
+//
+// It also serves an exchange's REST side (token.go): tokens and listenKeys minted
+// over POST, a listenKey keepalive, and order-book style snapshots; with
+// RequireToken a handshake without a live token is refused with 401.
 package demoupstream
 
 import (
@@ -60,6 +64,13 @@ type Config struct {
 	// HandshakeDelay: the server answers a handshake only after this long, as a far
 	// upstream's dial takes (TLS, the handshake's round trips).
 	HandshakeDelay time.Duration
+	// RequireToken: a handshake must carry ?token=T or ?listenKey=K minted by POST
+	// /bullet or POST /listenKey and not expired (401 otherwise), and a socket closes
+	// when its token lapses (token.go).
+	RequireToken bool
+	// TokenTTL is how long a minted token lives (and what PUT /listenKey extends it
+	// by); default 1 h.
+	TokenTTL time.Duration
 }
 
 // EventKind names what happened in an Event.
@@ -114,6 +125,9 @@ type Server struct {
 	retryAfter string
 	wg         sync.WaitGroup
 
+	tokens                                     map[string]*token // token.go
+	minted, refreshes, snapshots, expiredClose int
+
 	ln  net.Listener
 	hs  *http.Server
 	err chan error
@@ -128,9 +142,11 @@ type stream struct {
 	refuse   int  // status to refuse handshakes with; 0: accept
 	stalled  bool // stop reading and writing
 	stallCh  chan struct{}
-	garbage  int // frames of garbage to send before the next message
-	oversize int // payload size of the next message, when over 0 (a frame over a client's read limit)
-	gen      int // +1 on every ResetNumbering: clients restart at seq 1
+	garbage  int   // frames of garbage to send before the next message
+	oversize int   // payload size of the next message, when over 0 (a frame over a client's read limit)
+	gen      int   // +1 on every ResetNumbering: clients restart at seq 1
+	snapLag  int64 // snapshots lag this far behind the head (token.go)
+	skip     int64 // sequences to skip before the next message (a forward gap)
 	reset    bool
 	sockets  int // handshakes accepted and not yet ended
 }
@@ -156,6 +172,10 @@ func New(cfg Config) *Server {
 		s.up.Subprotocols = []string{p}
 	}
 	s.mux.HandleFunc("GET /streams/{id}", s.serveStream)
+	s.mux.HandleFunc("POST /bullet", s.serveBullet)
+	s.mux.HandleFunc("POST /listenKey", s.serveListenKey)
+	s.mux.HandleFunc("PUT /listenKey", s.serveKeepalive)
+	s.mux.HandleFunc("GET /snapshot/{id}", s.serveSnapshot)
 	s.mux.HandleFunc("POST /control/drop", s.ctl(func(id string, q ctlQuery) error { s.Drop(id); return nil }))
 	s.mux.HandleFunc("POST /control/close", s.ctl(func(id string, q ctlQuery) error {
 		code, err := q.int("code", websocket.ClosePolicyViolation)
@@ -345,6 +365,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	if code == 0 {
 		code = s.cfg.Rules.checkHandshake(r)
 	}
+	if code == 0 {
+		code = s.checkToken(r)
+	}
 	if code != 0 {
 		st.refused++
 		s.log(Event{Stream: id, Kind: Refused, Status: code, Clients: len(st.clients), Remote: r.RemoteAddr})
@@ -385,7 +408,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request) {
 	s.log(Event{Stream: id, Kind: Connect, From: from, Clients: len(st.clients), Remote: c.remote})
 	s.mu.Unlock()
 
+	stopWatch := s.watchToken(c, tokenOf(r))
 	sent, first, last := s.serveClient(id, st, c, from)
+	stopWatch()
 
 	s.mu.Lock()
 	delete(st.clients, c)
@@ -479,6 +504,9 @@ func (s *Server) serveClient(id string, st *stream, c *client, from int64) (sent
 		}
 		if st.gen != gen {
 			gen, next = st.gen, 1
+		}
+		if st.skip > 0 {
+			next, st.skip = next+st.skip, 0 // a forward gap: those are never sent
 		}
 		stallCh, t0 := st.stallCh, st.t0
 		s.mu.Unlock()
@@ -672,6 +700,14 @@ func (s *Server) ResetNumbering(id string) {
 	st.t0, st.gen, st.reset = time.Now(), st.gen+1, true
 	close(st.stallCh) // wake idle writers
 	st.stallCh = make(chan struct{})
+}
+
+// Skip makes the next message of one of id's clients jump n sequences ahead: a
+// forward gap, as an upstream that lost messages makes.
+func (s *Server) Skip(id string, n int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stream(id).skip = n
 }
 
 // Oversize makes id's next message carry a payload of size bytes (it takes its

@@ -167,6 +167,9 @@ func DecodeConnection(it Item) (Connection, error) {
 	}
 	d.keep(err)
 	c.Spec, c.SpecErr = DecodeSpec(it)
+	if c.SpecErr == nil && c.Spec.TokenRequest == nil && len(schema.TokenRefs(c.WSURL)) > 0 {
+		c.SpecErr = fmt.Errorf("%w %s: {{token:…}} without a %s", schema.ErrInvalid, schema.AttrWSURL, schema.AttrTokenRequest)
+	}
 	d.keep(c.SpecErr)
 	if d.err != nil {
 		return c, fmt.Errorf("connection %s: %w", id, d.err)

@@ -113,6 +113,9 @@ func DecodeSpec(it Item) (schema.Spec, error) {
 	}
 	s.SeqReset = d.str(schema.AttrSeqReset)
 	s.MaxSeqJump = d.num(schema.AttrMaxSeqJump)
+	if err := decodeRequests(it, &s); err != nil {
+		return s, err
+	}
 	if d.err != nil {
 		return s, d.err
 	}
@@ -170,6 +173,7 @@ func EncodeSpec(it Item, s schema.Spec) {
 	}
 	putS(it, schema.AttrSeqReset, s.SeqReset)
 	putN(it, schema.AttrMaxSeqJump, s.MaxSeqJump)
+	encodeRequests(it, s)
 }
 
 // secretTypeErr is typeErr without the value: a header may hold a credential.

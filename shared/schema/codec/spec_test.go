@@ -33,6 +33,15 @@ func fullSpec() schema.Spec {
 		IdleReconnect: true,
 		SeqReset:      schema.SeqResetHalt,
 		MaxSeqJump:    1000000,
+		TokenRequest: &schema.TokenRequest{
+			Request: schema.Request{Method: "POST", URL: "https://api.example.com/api/v1/bullet-private?ts={conn}",
+				Headers: map[string]string{"KC-API-KEY": "{{secret:kucoin#key}}"}, Body: `{"a":1}`, Timeout: 3 * time.Second},
+			Refresh: &schema.Refresh{Request: schema.Request{Method: "PUT", URL: "https://api.example.com/listenKey?listenKey={{token:listenKey}}"},
+				Interval: 30 * time.Minute},
+			Expires: "data.expires_in",
+		},
+		Snapshot: &schema.Snapshot{Request: schema.Request{URL: "https://api.example.com/depth?symbol=BTC&token={{token:data.token}}"},
+			SeqPath: "lastUpdateId", OnGap: schema.OnGapResync},
 	}
 }
 
@@ -125,6 +134,24 @@ func TestDecodeSpecRejectsBadSpecs(t *testing.T) {
 		{"max_seq_jump negative", schema.AttrMaxSeqJump, N(-1), "max_seq_jump: -1"},
 		{"max_seq_jump type", schema.AttrMaxSeqJump, S("10"), "max_seq_jump: type S, want N"},
 		{"seq_epoch type", schema.AttrEpoch, S("1"), "seq_epoch: type S, want N"},
+		{"token_request not a map", schema.AttrTokenRequest, S("https://x/t"), "token_request: type S, want M"},
+		{"token_request no url", schema.AttrTokenRequest, m("method", S("POST")), "token_request: url: missing"},
+		{"token_request bad scheme", schema.AttrTokenRequest, m("url", S("ftp://x/t")), "want an http:// or https:// URL"},
+		{"token_request templated host", schema.AttrTokenRequest, m("url", S("https://{{secret:h}}/t")), "the host must be literal"},
+		{"token_request bad method", schema.AttrTokenRequest, m("url", S("https://x/t"), "method", S("FETCH")), `method "FETCH"`},
+		{"token_request header type", schema.AttrTokenRequest, m("url", S("https://x/t"), "headers", m("K", N(1))), "token_request.headers.K: type N, want S"},
+		{"token_request header newline", schema.AttrTokenRequest, m("url", S("https://x/t"), "headers", m("K", S("sekrit-1\nX: y"))), "headers: K: value holds a line break"},
+		{"token_request token in itself", schema.AttrTokenRequest, m("url", S("https://x/t?k={{token:a}}")), "{{token:a}} without a token_request"},
+		{"token_request huge body", schema.AttrTokenRequest, m("url", S("https://x/t"), "body", S(strings.Repeat("a", schema.MaxRequestBody+1))), "body of 65537 bytes"},
+		{"token_request timeout", schema.AttrTokenRequest, m("url", S("https://x/t"), "timeout", S("1h")), "timeout 1h0m0s: want 0 to 5m0s"},
+		{"token_request bad expires", schema.AttrTokenRequest, m("url", S("https://x/t"), "expires", S("a..b")), "expires: path"},
+		{"refresh no interval", schema.AttrTokenRequest, m("url", S("https://x/t"), "refresh", m("url", S("https://x/k"))), "refresh.interval 0s: want 100ms to 24h"},
+		{"refresh not a map", schema.AttrTokenRequest, m("url", S("https://x/t"), "refresh", S("30m")), "token_request.refresh: type S, want M"},
+		{"refresh bad token ref", schema.AttrTokenRequest, m("url", S("https://x/t"), "refresh", m("url", S("https://x/k?{{token:}}"), "interval", S("1m"))), "malformed {{token:PATH}}"},
+		{"snapshot no seq_path", schema.AttrSnapshot, m("url", S("https://x/s")), "snapshot: seq_path: missing"},
+		{"snapshot bad on_gap", schema.AttrSnapshot, m("url", S("https://x/s"), "seq_path", S("seq"), "on_gap", S("refetch")), `on_gap "refetch": want count or resync`},
+		{"snapshot token without request", schema.AttrSnapshot, m("url", S("https://x/s?t={{token:t}}"), "seq_path", S("seq")), "without a token_request"},
+		{"header token without request", schema.AttrHeaders, m("X-A", S("{{token:t}}")), "X-A: {{token:t}} without a token_request"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,6 +230,9 @@ func FuzzDecodeSpec(f *testing.F) {
 	f.Add(`{"max_lifetime":"30s","start":"earliest","idle_timeout":"1m","idle_reconnect":true,"seq_reset":"halt","max_seq_jump":5}`)
 	f.Add(`{"open_messages":[{"text":"x","expect_field":"a.b=c"}],"resume":"query:from={seq}","seq_path":"seq","bad_messages":"pass"}`)
 	f.Add(`{"headers":{"X":"{{secret:a#b}}{{secret:"},"open_messages":[[]],"keepalive":[]}`)
+	f.Add(`{"token_request":{"method":"POST","url":"https://h/t","headers":{"K":"{{secret:k}}"},"expires":"d.e","refresh":{"url":"https://h/r?k={{token:k}}","interval":"30m"}},"headers":{"A":"{{token:d.t}}"}}`)
+	f.Add(`{"token_request":{"url":"https://h","headers":{}}}`) // an empty map decodes as none, as it encodes
+	f.Add(`{"snapshot":{"url":"https://h/s/{conn}","seq_path":"lastUpdateId","on_gap":"resync","timeout":"2s"},"seq_path":"u"}`)
 	f.Fuzz(func(t *testing.T, doc string) {
 		// The CLI's --spec reader: never panics, errors wrap ErrInvalid, accepted specs validate.
 		if sp, err := SpecFromJSON([]byte(doc)); err != nil {
@@ -240,4 +270,20 @@ func FuzzDecodeSpec(f *testing.F) {
 			t.Fatalf("round trip: %+v / %+v, %v", c.Spec, back.Spec, err)
 		}
 	})
+}
+
+// A ws_url that references {{token:…}} needs a token_request on the item.
+func TestTokenURLNeedsATokenRequest(t *testing.T) {
+	it := goodItem()
+	it[schema.AttrWSURL] = S("wss://h/ws/{{token:listenKey}}")
+	c, err := DecodeConnection(it)
+	if err == nil || !errors.Is(err, schema.ErrInvalid) || c.Unrunnable() == nil ||
+		!strings.Contains(err.Error(), "ws_url: {{token:…}} without a token_request") {
+		t.Fatalf("%v, unrunnable %v", err, c.Unrunnable())
+	}
+	c.Spec.TokenRequest = &schema.TokenRequest{Request: schema.Request{Method: "POST", URL: "https://h/api/v3/userDataStream"}}
+	c.SpecErr = nil
+	if back, err := DecodeConnection(EncodeConnection(c)); err != nil || back.Unrunnable() != nil {
+		t.Fatalf("with a token_request: %v %v", err, back.Unrunnable())
+	}
 }

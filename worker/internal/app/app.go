@@ -127,6 +127,9 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	}
 	sc.Gate = connectGate(d.DB, cfg.Table, sc.Quota, m, d.Log)
 	sc.SeqReset, sc.MaxSeqJump = cfg.SeqReset, cfg.MaxSeqJump
+	if sc.RESTPerHost == 0 {
+		sc.RESTPerHost = cfg.RESTPerHost
+	}
 	sc.Secrets = d.Secrets
 	if sc.Secrets == nil && cfg.SecretsFile != "" {
 		sc.Secrets = &secrets.Cache{Source: secrets.File{Path: cfg.SecretsFile}, TTL: cfg.SecretsTTL}

@@ -83,6 +83,7 @@ type Config struct {
 	HandoffPrepareTimeout time.Duration
 	HandoffStandbyTimeout time.Duration // 0: the prepare timeout + 10s
 	StandbyMaxMessages    int
+	RESTPerHost           int // spec requests (token_request, refresh, snapshot) in flight per host
 	StandbyMaxBytes       int
 }
 
@@ -122,6 +123,7 @@ func Defaults() Config {
 		HandoffPrepareTimeout: 10 * time.Second,
 		StandbyMaxMessages:    10_000,
 		StandbyMaxBytes:       4 << 20,
+		RESTPerHost:           stream.DefaultRESTPerHost,
 		Sink:                  "stdout",
 		Resume:                stream.DefaultResume,
 		BadMessages:           string(stream.BadCount),
@@ -219,6 +221,9 @@ func (c *Config) Validate() error {
 	}
 	if c.IdleTimeout != 0 && c.IdleTimeout < schema.MinIdleTimeout {
 		bad(schema.EnvIdleTimeout, "%s: want 0 (off) or at least %s", c.IdleTimeout, schema.MinIdleTimeout)
+	}
+	if c.RESTPerHost <= 0 {
+		bad(schema.EnvRESTPerHost, "%d: want at least 1", c.RESTPerHost)
 	}
 	if c.SecretsTTL < 0 {
 		bad(schema.EnvSecretsTTL, "%s must not be negative", c.SecretsTTL)
@@ -323,7 +328,8 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	default:
 		errs = append(errs, fmt.Errorf("%s: %q: want on or off", schema.EnvHandoff, v))
 	}
-	for env, dst := range map[string]*int{schema.EnvStandbyMaxMessages: &c.StandbyMaxMessages, schema.EnvStandbyMaxBytes: &c.StandbyMaxBytes} {
+	for env, dst := range map[string]*int{schema.EnvStandbyMaxMessages: &c.StandbyMaxMessages, schema.EnvStandbyMaxBytes: &c.StandbyMaxBytes,
+		schema.EnvRESTPerHost: &c.RESTPerHost} {
 		if v := getenv(env); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {

@@ -83,6 +83,12 @@ type Counters struct {
 	QuotaTableErrors atomic.Int64
 	RateLimited      atomic.Int64 // handshakes answered 429 or 418 (rate limited or banned)
 	SecretErrors     atomic.Int64 // secret references that could not be resolved
+	// REST requests of the spec (token_request, refresh, snapshot).
+	TokenErrors     atomic.Int64 // token requests that failed (the dial did not happen)
+	RefreshFailures atomic.Int64 // refresh requests that failed (the socket rotated)
+	Snapshots       atomic.Int64 // snapshot records queued for delivery
+	SnapshotErrors  atomic.Int64 // snapshot requests that failed
+	SnapshotsStale  atomic.Int64 // snapshots older than what was delivered; not delivered
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -152,6 +158,11 @@ var table = []series{
 	{"sockfleet_quota_table_errors_total", "Admissions the table could not answer (fleet-wide quota and 429 holds).", false, func(c *Counters) *atomic.Int64 { return &c.QuotaTableErrors }},
 	{"sockfleet_rate_limited_total", "Handshakes answered 429 or 418 (rate limited or banned).", false, func(c *Counters) *atomic.Int64 { return &c.RateLimited }},
 	{"sockfleet_secret_errors_total", "Secret references that could not be resolved.", false, func(c *Counters) *atomic.Int64 { return &c.SecretErrors }},
+	{"sockfleet_token_errors_total", "Token requests that failed (the dial did not happen).", false, func(c *Counters) *atomic.Int64 { return &c.TokenErrors }},
+	{"sockfleet_token_refresh_failures_total", "Refresh requests that failed (the socket rotated).", false, func(c *Counters) *atomic.Int64 { return &c.RefreshFailures }},
+	{"sockfleet_snapshots_total", "Snapshot records queued for delivery.", false, func(c *Counters) *atomic.Int64 { return &c.Snapshots }},
+	{"sockfleet_snapshot_errors_total", "Snapshot requests that failed.", false, func(c *Counters) *atomic.Int64 { return &c.SnapshotErrors }},
+	{"sockfleet_snapshots_stale_total", "Snapshots older than what was delivered; not delivered.", false, func(c *Counters) *atomic.Int64 { return &c.SnapshotsStale }},
 	{"sockfleet_handoffs_total", "Leases this worker transferred to another.", false, func(c *Counters) *atomic.Int64 { return &c.Handoffs }},
 	{"sockfleet_handoff_fallbacks_total", "Handoffs that ended in a release instead.", false, func(c *Counters) *atomic.Int64 { return &c.HandoffFallbacks }},
 	{"sockfleet_handoffs_taken_total", "Leases taken over from a committed standby.", false, func(c *Counters) *atomic.Int64 { return &c.HandoffsTaken }},

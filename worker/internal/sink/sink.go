@@ -34,6 +34,8 @@ type Message struct {
 	Data    []byte
 	Binary  bool // a binary frame
 	Bad     bool // passed on although its sequence could not be parsed
+	// Snapshot marks the answer of the spec's snapshot request, covering Seq.
+	Snapshot bool
 }
 
 // Sink is where messages go. Implementations are safe for concurrent use.
@@ -65,7 +67,7 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 
 // Record is m as a sink record (docs/SINKS.md; package sinkrecord encodes it).
 func (m Message) Record() sinkrecord.Record {
-	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Data: m.Data, Binary: m.Binary}
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Snapshot: m.Snapshot, Data: m.Data, Binary: m.Binary}
 }
 
 // Writer writes JSON lines to an io.Writer, one write per batch. A write that

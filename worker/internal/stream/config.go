@@ -57,6 +57,11 @@ type Config struct {
 	// back only the stream that got it.
 	Gate Gate
 
+	// Spec requests (token_request, refresh, snapshot; rest.go).
+	HTTP        *http.Client // default: one that follows no redirect
+	RESTPerHost int          // requests in flight per host, worker-wide; default DefaultRESTPerHost
+	rest        *hostSlots   // shared by the copies WithSink makes
+
 	Sink    sink.Sink
 	Metrics *metrics.Counters
 	Log     *slog.Logger
@@ -123,6 +128,18 @@ func (c *Config) Fill() error {
 	if c.BackoffMin <= 0 || c.BackoffMax < c.BackoffMin || c.PermanentBackoffMax < c.BackoffMax {
 		return fmt.Errorf("stream config: want 0 < backoff min %s <= max %s <= permanent max %s",
 			c.BackoffMin, c.BackoffMax, c.PermanentBackoffMax)
+	}
+	if c.RESTPerHost == 0 {
+		c.RESTPerHost = DefaultRESTPerHost
+	}
+	if c.RESTPerHost < 0 {
+		return fmt.Errorf("stream config: REST requests per host %d must be positive", c.RESTPerHost)
+	}
+	if c.HTTP == nil {
+		c.HTTP = newRESTClient()
+	}
+	if c.rest == nil {
+		c.rest = newHostSlots(c.RESTPerHost)
 	}
 	if c.Dialer == nil {
 		c.Dialer = &websocket.Dialer{

@@ -24,7 +24,17 @@ func (e *permanentError) Unwrap() error { return e.err }
 
 // connect dials, sends the open messages and awaits their replies.
 func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket, error) {
-	raw := s.URL()
+	if s.set.spec.Snapshot != nil && s.set.seqPath.Counter() {
+		return nil, fmt.Errorf("%w %s: needs a %s (the sequence its deltas are dropped at or below)", schema.ErrInvalid, schema.AttrSnapshot, schema.AttrSeqPath)
+	}
+	tok, err := s.fetchToken(ctx, from) // token.go; nil without a token_request
+	if err != nil {
+		return nil, err
+	}
+	raw, err := tok.fill(s.URL())
+	if err != nil {
+		return nil, fmt.Errorf("%w %s: %w", schema.ErrInvalid, schema.AttrWSURL, err)
+	}
 	dest, err := dialAddr(raw)
 	if err != nil {
 		return nil, err
@@ -32,11 +42,11 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 	if err := s.checkSecrets(ctx, dest); err != nil {
 		return nil, err // not dialed: no secret leaves for a host its owner did not allow
 	}
-	conn, err := s.dial(ctx, raw, dest, from, resumed)
+	conn, err := s.dial(ctx, raw, dest, from, resumed, tok)
 	if err != nil {
 		return nil, err
 	}
-	sock := &socket{conn: conn, dest: dest, from: from, resumed: resumed, opened: time.Now()}
+	sock := &socket{conn: conn, dest: dest, from: from, resumed: resumed, opened: time.Now(), tok: tok}
 	s.sockets.Add(1)
 	if err := s.open(ctx, sock); err != nil {
 		s.cfg.Metrics.OpenFailures.Add(1)
@@ -49,7 +59,7 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 
 // dial makes the handshake to raw (at dest): resume point, the spec's headers
 // (secrets substituted) and subprotocols, after the per-host connect quota admits it.
-func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed bool) (*websocket.Conn, error) {
+func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed bool, tok *token) (*websocket.Conn, error) {
 	target, hdr := raw, http.Header{}
 	if resumed {
 		t, h, err := s.set.resume.Apply(raw, from)
@@ -63,7 +73,7 @@ func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed
 	}
 	spec := s.set.spec
 	for k, v := range spec.Headers {
-		val, err := s.expand(ctx, v, from, dest)
+		val, err := s.expand(ctx, v, from, dest, tok)
 		if err != nil {
 			return nil, fmt.Errorf("header %s: %w", k, err)
 		}
@@ -93,9 +103,9 @@ func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed
 	if code == http.StatusTooManyRequests || code == http.StatusTeapot {
 		return nil, s.rateLimited(ctx, hostOf(target), resp.Header.Get("Retry-After"), err)
 	}
-	if (code == http.StatusUnauthorized || code == http.StatusForbidden) && s.forgetSecrets() {
-		// The credential may have been rotated: the next dial reads it again, and this
-		// failure is not treated as permanent.
+	if (code == http.StatusUnauthorized || code == http.StatusForbidden) && (s.forgetSecrets() || tok != nil) {
+		// The credential may have been rotated: the next dial reads it again (and
+		// fetches a new token), and this failure is not treated as permanent.
 		return nil, err
 	}
 	if code >= 400 && code < 500 && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
@@ -127,11 +137,12 @@ func (s *Stream) forgetSecrets() bool {
 }
 
 // expand fills a template sent to dest: {seq} (the resume point), {next} ({seq}+1),
-// {conn} (the connection id), then {{secret:…}} references.
-func (s *Stream) expand(ctx context.Context, v string, seq int64, dest string) (string, error) {
+// {conn} (the connection id), then {{secret:…}} references, then {{token:PATH}}
+// from tok (last, so no value from the token's answer is read as a reference).
+func (s *Stream) expand(ctx context.Context, v string, seq int64, dest string, tok *token) (string, error) {
 	v = s.placeholders(v, seq)
 	if !strings.Contains(v, "{{secret:") {
-		return v, nil
+		return tok.fill(v)
 	}
 	if s.cfg.Secrets == nil {
 		return "", errors.New("the spec references a secret but the worker has no secrets source")
@@ -145,7 +156,7 @@ func (s *Stream) expand(ctx context.Context, v string, seq int64, dest string) (
 		s.cfg.Metrics.SecretErrors.Add(1)
 		return "", fmt.Errorf("resolve secret: %w", err)
 	}
-	return out, nil
+	return tok.fill(out)
 }
 
 // open sends the spec's open messages in order, each awaiting its reply if it
@@ -161,7 +172,7 @@ func (s *Stream) open(ctx context.Context, sock *socket) error {
 	for i, m := range msgs {
 		kind, data := websocket.BinaryMessage, m.Binary
 		if !m.IsBinary {
-			text, err := s.expand(ctx, m.Text, sock.from, sock.dest)
+			text, err := s.expand(ctx, m.Text, sock.from, sock.dest, sock.tok)
 			if err != nil {
 				return fmt.Errorf("%s[%d]: %w", schema.AttrOpenMessages, i, err)
 			}

@@ -86,6 +86,9 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 	}
 	pending := sock.pending
 	sock.pending = nil
+	if spec.Snapshot != nil && !s.snapshotAtConnect(sock, t, msgs) { // snapshot.go
+		return nil
+	}
 	for {
 		var f frame
 		if len(pending) > 0 {
@@ -127,6 +130,10 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 		m, ok, err := t.next(f)
 		if err != nil {
 			return err
+		}
+		if ok && t.resync {
+			t.resync = false
+			m, ok = s.resync(sock, t, m, msgs)
 		}
 		if !ok {
 			continue

@@ -11,13 +11,15 @@ import (
 // counter mode it only closes sock (break-before-make), and Run dials the next.
 func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct{}, next chan<- *socket) {
 	var due <-chan time.Time
+	var at time.Time
 	if life := s.set.spec.MaxLifetime; life > 0 {
-		// Rotate a little before the cap (a tenth of it, 1 s to 30 s, at most a quarter),
-		// plus up to as much again of jitter, so a fleet opened at once does not
-		// rotate at once.
-		lead := min(max(life/10, time.Second), 30*time.Second, life/4)
-		lead += time.Duration(s.cfg.Jitter() * float64(lead))
-		t := time.NewTimer(time.Until(sock.opened.Add(life - lead)))
+		at = s.rotateAt(sock.opened, life)
+	}
+	if t := s.tokenDue(sock); !t.IsZero() && (at.IsZero() || t.Before(at)) {
+		at = t // the token expires first (token.go)
+	}
+	if !at.IsZero() {
+		t := time.NewTimer(time.Until(at))
 		defer t.Stop()
 		due = t.C
 	}
@@ -65,4 +67,13 @@ func (s *Stream) rotator(ctx context.Context, sock *socket, rotate <-chan struct
 			return
 		}
 	}
+}
+
+// rotateAt is when a socket opened at opened rotates to stay within life: a little
+// before the cap (a tenth of it, 1 s to 30 s, at most a quarter), plus up to as much
+// again of jitter, so a fleet opened at once does not rotate at once.
+func (s *Stream) rotateAt(opened time.Time, life time.Duration) time.Time {
+	lead := min(max(life/10, time.Second), 30*time.Second, life/4)
+	lead += time.Duration(s.cfg.Jitter() * float64(lead))
+	return opened.Add(life - lead)
 }

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/sockfleet/sockfleet/shared/schema"
 
@@ -20,6 +21,13 @@ type tracker struct {
 	first   bool  // no data frame yet on this socket
 
 	loggedBad, loggedGap bool
+
+	// Snapshots (snapshot.go). While covering, deltas up to the snapshot's sequence
+	// are dropped, and a reset is judged against floor, the deltas' place before it.
+	covering bool
+	floor    int64
+	resync   bool      // the message next returned follows a gap: fetch a snapshot (on_gap resync)
+	resynced time.Time // the last resync
 }
 
 // next returns the message to queue for f, false to drop it, or the error that
@@ -55,9 +63,12 @@ func (t *tracker) next(f frame) (sink.Message, bool, error) {
 	}
 	first := t.first
 	t.first = false
-	last := t.st.last
+	last, ref := t.st.last, t.st.last
+	if t.covering {
+		ref = t.floor
+	}
 	switch {
-	case (first && t.sock.resumed && seq < t.sock.from) || (t.st.ref && last-seq > s.cfg.ResetBelow):
+	case (first && t.sock.resumed && seq < t.sock.from) || (t.st.ref && ref-seq > s.cfg.ResetBelow):
 		return t.reset(m, seq)
 	case seq <= last:
 		s.cfg.Metrics.Duplicates.Add(1) // replayed by the upstream: delivered already
@@ -66,7 +77,9 @@ func (t *tracker) next(f frame) (sink.Message, bool, error) {
 		s.cfg.Metrics.BogusJumps.Add(1)
 		return t.bad(m, f, fmt.Sprintf("sequence %d jumps more than max_seq_jump %d past %d", seq, set.maxJump, last))
 	}
+	t.covering = false
 	if t.st.ref && seq > last+1 {
+		t.resync = set.spec.Snapshot != nil && set.spec.Snapshot.OnGap == schema.OnGapResync
 		s.cfg.Metrics.SeqGaps.Add(1)
 		s.cfg.Metrics.SeqGapMissing.Add(seq - last - 1)
 		if !t.loggedGap {

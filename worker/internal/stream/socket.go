@@ -15,6 +15,7 @@ type socket struct {
 	from    int64   // the resume point asked for: the counter's base
 	resumed bool    // a resume point was asked for (false: start at the upstream's latest)
 	pending []frame // frames read while awaiting open-message replies, handled first
+	tok     *token  // the token_request answer the socket was dialed with; nil without one
 	opened  time.Time
 
 	started    bool

@@ -28,7 +28,10 @@
 // make, reading each socket to the upstream's close reply; seq.go follows the
 // upstream's numbering; gate.go admits dials per host (the connect quota, shared by
 // the fleet through the table) and ratelimit.go honours a 429's Retry-After;
-// config.go and factory.go hold the settings and make a worker's streams.
+// config.go and factory.go hold the settings and make a worker's streams. token.go
+// makes the spec's token_request before each dial (and its refresh while a socket
+// lives), snapshot.go its snapshot after each connect and gap, both through rest.go,
+// which bounds them per host.
 package stream
 
 import (
@@ -308,9 +311,12 @@ func (s *Stream) session(ctx context.Context) error {
 		next := make(chan *socket, 1)
 		rctx, rcancel := context.WithCancel(ctx)
 		var rwg sync.WaitGroup
-		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" {
+		if s.set.spec.MaxLifetime > 0 || s.set.spec.ShutdownMatch != "" || sock.tok != nil {
 			// Only then: an idle socket without rotation costs no third goroutine.
 			rwg.Go(func() { s.rotator(rctx, sock, rotate, next) })
+		}
+		if sock.tok != nil && s.set.spec.TokenRequest.Refresh != nil {
+			rwg.Go(func() { s.refresher(rctx, sock, rotate) }) // token.go
 		}
 		err = s.deliver(ctx, msgs, sock.readErr)
 		rcancel()

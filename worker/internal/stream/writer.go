@@ -116,7 +116,7 @@ func (s *Stream) beatDue(sock *socket, now time.Time) bool {
 	}
 	if !w.due.keepalive.IsZero() && !now.Before(w.due.keepalive) {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteWait)
-		msg, err := s.expand(ctx, ka.Message, s.LastSeq(), sock.dest)
+		msg, err := s.expand(ctx, ka.Message, s.LastSeq(), sock.dest, sock.tok)
 		cancel()
 		if err != nil {
 			sock.fail(fmt.Errorf("%s: %w", schema.AttrKeepalive, err))
