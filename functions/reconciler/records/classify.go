@@ -28,6 +28,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Action is what a record asks for.
@@ -70,6 +71,9 @@ type Decision struct {
 	// Image, for WhyStale, is the lease the stale image left: its owner ("" if none)
 	// and version. LeaseVersion is then the displaced holder's.
 	Image Image
+	// Span is the reconcile.record span of the decision (set by the handler, not
+	// Classify): the wakeup it asks for joins its trace.
+	Span trace.SpanContext
 }
 
 // Image is the lease fields of a stale image.
