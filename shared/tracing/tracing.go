@@ -30,6 +30,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 )
 
 // Service names (service.name).
@@ -63,10 +64,19 @@ func Result(r string) attribute.KeyValue   { return attribute.String(AttrWakeupR
 func Fallback(on bool) attribute.KeyValue  { return attribute.Bool(AttrHandoffFallback, on) }
 
 // Tracer returns the tracer of package pkg (its path under the module, such as
-// "worker/internal/owner"). It follows the global provider, so it may be taken
-// before Setup runs.
+// "worker/internal/owner"). It asks the global provider at each span's start, so a
+// package may keep it in a variable taken before Setup (or a test) sets the provider.
 func Tracer(pkg string) trace.Tracer {
-	return otel.Tracer("github.com/sockfleet/sockfleet/" + pkg)
+	return global{name: "github.com/sockfleet/sockfleet/" + pkg}
+}
+
+type global struct {
+	embedded.Tracer
+	name string
+}
+
+func (g global) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return otel.GetTracerProvider().Tracer(g.name).Start(ctx, name, opts...)
 }
 
 // Propagator is the one propagator sockfleet uses: W3C trace context.

@@ -63,7 +63,9 @@ func (d *Delivery) Deliver(ctx context.Context, workers []codec.Worker, now time
 	out := make(map[string]Outcome, len(ds))
 	spans := make(map[string]trace.SpanContext, len(ds))
 	for _, dc := range ds {
-		spans[dc.ID] = dc.Span
+		if dc.Span != nil {
+			spans[dc.ID] = *dc.Span
+		}
 	}
 	var needs []wakeup.Conn
 	checks := map[string][]wakeup.Conn{}

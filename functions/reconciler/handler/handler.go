@@ -497,7 +497,7 @@ var tracer = tracing.Tracer("functions/reconciler/handler")
 // recordSpan starts the reconcile.record span of decision d about record r: a child of
 // the span whose write caused r when the write carried one (records.TraceParent: a
 // release or a transfer), linked to the batch's span; else a child of the batch's.
-func recordSpan(ctx context.Context, r events.DynamoDBEventRecord, d records.Decision) (trace.SpanContext, trace.Span) {
+func recordSpan(ctx context.Context, r events.DynamoDBEventRecord, d records.Decision) (*trace.SpanContext, trace.Span) {
 	opts := []trace.SpanStartOption{trace.WithAttributes(tracing.Conn(d.ID), tracing.Decision(d.Action.String()),
 		tracing.Cause(recordCause(d.Why)), tracing.Version(d.LeaseVersion), attribute.String("sockfleet.why", d.Why),
 		attribute.String("aws.dynamodb.stream.sequence_number", r.Change.SequenceNumber))}
@@ -509,7 +509,8 @@ func recordSpan(ctx context.Context, r events.DynamoDBEventRecord, d records.Dec
 		ctx = trace.ContextWithRemoteSpanContext(ctx, cause)
 	}
 	_, sp := tracer.Start(ctx, "reconcile.record", opts...)
-	return sp.SpanContext(), sp
+	sc := sp.SpanContext()
+	return &sc, sp
 }
 
 // recordCause names the cause of a decision (sockfleet.cause): an operator's flip of

@@ -72,8 +72,9 @@ type Decision struct {
 	// and version. LeaseVersion is then the displaced holder's.
 	Image Image
 	// Span is the reconcile.record span of the decision (set by the handler, not
-	// Classify): the wakeup it asks for joins its trace.
-	Span trace.SpanContext
+	// Classify; nil: none): the wakeup it asks for joins its trace. A pointer keeps
+	// Decision comparable.
+	Span *trace.SpanContext
 }
 
 // Image is the lease fields of a stale image.
