@@ -219,9 +219,23 @@ type pending struct {
 
 // HandleStream handles one stream batch.
 func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
-	ctx, batch := tracer.Start(ctx, "reconcile.batch", trace.WithAttributes(
-		attribute.String("sockfleet.event", "stream"), attribute.Int("sockfleet.records", len(ev.Records))))
-	defer batch.End()
+	// The batch's span is started (back-dated) at its first actionable connection
+	// record: a batch of heartbeats, every renew interval, makes none. What the reaper
+	// or a rebalance round does on a heartbeat starts spans of its own when it acts.
+	t0 := time.Now()
+	bctx, batch := ctx, trace.Span(nil)
+	traced := func() context.Context {
+		if batch == nil {
+			bctx, batch = tracer.Start(ctx, "reconcile.batch", trace.WithTimestamp(t0), trace.WithAttributes(
+				attribute.String("sockfleet.event", "stream"), attribute.Int("sockfleet.records", len(ev.Records))))
+		}
+		return bctx
+	}
+	defer func() {
+		if batch != nil {
+			batch.End()
+		}
+	}()
 	log := h.d.Log
 	var order []string
 	latest := map[string]pending{}
@@ -262,12 +276,13 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 			sp.End()
 		}
 		var sp trace.Span
-		d.Span, sp = recordSpan(ctx, r, d)
+		d.Span, sp = recordSpan(traced(), r, d)
 		spans[d.ID] = sp
 		latest[d.ID] = pending{d: d, seq: r.Change.SequenceNumber}
 		log.InfoContext(ctx, "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
 			"owner", d.Owner, "version", d.LeaseVersion)
 	}
+	ctx = bctx // the batch's span, if it has one
 	var resp events.DynamoDBEventResponse
 	now := h.d.Now()
 	var workers []codec.Worker
@@ -378,10 +393,7 @@ func (h *Handler) rebalance(ctx context.Context, now time.Time, workers []codec.
 		}
 		workers, listed = ws, true
 	}
-	ctx, span := tracer.Start(ctx, "rebalance.round", trace.WithAttributes(tracing.Cause(roundCause(why))))
-	defer span.End()
 	rep := h.d.Rounds.Check(ctx, now, workers, why)
-	span.SetAttributes(attribute.String("sockfleet.rebalance.skipped", rep.Skipped), attribute.Int("sockfleet.rebalance.moves", rep.Accepted()))
 	if rep.Skipped == "" {
 		h.metric(ctx, now,
 			emf.Metric{Name: schema.MetricRebalanceMoves, Unit: emf.Count, Value: float64(rep.Accepted())},
@@ -524,14 +536,6 @@ func recordCause(why string) string {
 		return "flip"
 	}
 	return strings.ReplaceAll(why, " ", "_")
-}
-
-// roundCause names what started a rebalance round.
-func roundCause(why string) string {
-	if why == "sweep" {
-		return "sweep"
-	}
-	return "rebalance"
 }
 
 func (h *Handler) metric(ctx context.Context, now time.Time, ms ...emf.Metric) {

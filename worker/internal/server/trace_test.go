@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/local/tracingtest"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
