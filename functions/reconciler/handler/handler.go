@@ -279,7 +279,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 		d.Span, sp = recordSpan(traced(), r, d)
 		spans[d.ID] = sp
 		latest[d.ID] = pending{d: d, seq: r.Change.SequenceNumber}
-		log.InfoContext(ctx, "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
+		log.InfoContext(trace.ContextWithSpan(ctx, sp), "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
 			"owner", d.Owner, "version", d.LeaseVersion)
 	}
 	ctx = bctx // the batch's span, if it has one
@@ -328,6 +328,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 		o, ok := out[id]
 		spans[id].SetAttributes(attribute.Bool("sockfleet.wakeup.done", ok && o.Done), tracing.Worker(o.Worker),
 			tracing.Result(string(o.Result)))
+		ctx := trace.ContextWithSpan(ctx, spans[id]) // the line leads to the record's trace
 		switch {
 		case ok && o.Done:
 			log.InfoContext(ctx, "wakeup delivered", "id", id, "worker", o.Worker, "result", string(o.Result), "note", o.Why)

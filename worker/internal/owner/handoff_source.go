@@ -142,7 +142,7 @@ func (m *Manager) cutOver(o *owned, p lease.Progress) {
 		m.commitPeer(ctx, *t, nl, p)
 		// The new owner's wait, in its parts: the stream's end (its last delivery),
 		// the transfer write, the commit call (the target delivers what it held).
-		m.cfg.Log.Info("handed off", "conn", o.lease.ID, "to", t.ID, "version", nl.Version, "last_seq", p.LastSeq,
+		m.cfg.Log.InfoContext(ctx, "handed off", "conn", o.lease.ID, "to", t.ID, "version", nl.Version, "last_seq", p.LastSeq,
 			"stop_ms", ms(cut.Sub(time.Unix(0, o.stopAt.Load()))), "transfer_ms", ms(written.Sub(cut)), "commit_ms", ms(time.Since(written)))
 	case errors.Is(err, lease.ErrNotStarted):
 		m.abortPeer(*t, req)
