@@ -21,6 +21,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -299,5 +300,82 @@ func TestTraceDrainHandoff(t *testing.T) {
 	}
 	if _, ok := byName["handoff.fallback_release"]; ok {
 		t.Fatal("a fallback release in a drain that handed off")
+	}
+}
+
+// sendHandoff sends a rebalance move of id to worker to, under a span standing for the
+// reconciler's rebalance.round, and returns that span.
+func (e *env) sendHandoff(w *worker, id, to string) trace.Span {
+	e.t.Helper()
+	ctx, round := otel.Tracer("test").Start(context.Background(), "rebalance.round")
+	defer round.End()
+	req := wakeup.Request{Conns: []wakeup.Conn{{ID: id, LeaseVersion: e.get(id).LeaseVersion, Reason: wakeup.Handoff, To: to}}}
+	resp, err := (&wakeup.Client{Secret: secret}).Send(ctx, w.Addr(), req)
+	if err != nil || resp.Results[0].Result != wakeup.HandingOff {
+		e.t.Fatalf("handoff wakeup: %+v %v", resp, err)
+	}
+	return round
+}
+
+// A rebalance move is one trace from the round: wakeup.send → wakeup.handle on the
+// owner → handoff.prepare on the target and handoff.cut on the owner → handoff.commit
+// → the target's first delivery.
+func TestTraceRebalanceMove(t *testing.T) {
+	sr := tracingtest.Record(t)
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	w1 := e.worker("w1", opts{})
+	w2 := e.worker("w2", opts{})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return w1.sink.count("c1") >= 20 })
+	round := e.sendHandoff(w1, "c1", "w2")
+	waitFor(t, 5*time.Second, "w2 streaming", func() bool { return w2.sink.count("c1") > 0 })
+	first := waitSpan(t, sr, "sink.first_delivery", "c1", "w2")
+	idx := spanIndex(sr)
+	names, chain := ancestry(t, idx, first)
+	if root := chain[len(chain)-1]; root.SpanContext().SpanID() != round.SpanContext().SpanID() {
+		t.Fatalf("causal chain %s: want it rooted at the round", strings.Join(names, " ← "))
+	}
+	var handle, cut sdktrace.ReadOnlySpan
+	for _, s := range idx {
+		switch {
+		case s.Name() == "wakeup.handle" && attr(s, tracing.AttrWakeupAction) == "handoff":
+			handle = s
+		case s.Name() == "handoff.cut":
+			cut = s
+		}
+	}
+	if handle == nil || cut == nil || cut.Parent().SpanID() != handle.SpanContext().SpanID() ||
+		attr(handle, tracing.AttrWakeupResult) != "handing_off" || attr(handle, tracing.AttrWorker) != "w1" {
+		t.Fatalf("wakeup.handle %v, handoff.cut %v: want the cut under w1's handling of the move", handle, cut)
+	}
+	if !slices.Contains(names, "handoff.commit") && !slices.Contains(names, "handoff.prepare") {
+		t.Fatalf("first delivery chain %s: want it through the commit or the standby's prepare", strings.Join(names, " ← "))
+	}
+}
+
+// A handoff that cannot be done falls back to a release, marked: handoff.fallback_release
+// (fallback=true) under the move's handling, and the release under it, whose write
+// carries it in trace_parent for the record of the next owner's trace.
+func TestTraceHandoffFallbackIsMarked(t *testing.T) {
+	sr := tracingtest.Record(t)
+	e := newEnv(t, rate)
+	e.putConn("c1", schema.Started)
+	w1 := e.worker("w1", opts{resume: "none"})
+	e.worker("w2", opts{resume: "none"})
+	e.wake(w1, wakeup.NeedsOwner, 0, "c1")
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return w1.sink.count("c1") >= 20 })
+	round := e.sendHandoff(w1, "c1", "w2")
+	waitFor(t, 5*time.Second, "released", func() bool { return !e.get("c1").Owned() })
+	rel := waitSpan(t, sr, "lease.release", "c1", "w1")
+	names, chain := ancestry(t, spanIndex(sr), rel)
+	wantChain(t, names, "lease.release", "handoff.fallback_release", "wakeup.handle", "wakeup.send", "rebalance.round")
+	fb := chain[1]
+	if attr(fb, tracing.AttrHandoffFallback) != "true" || attr(fb, tracing.AttrHandoffPhase) != "fallback" ||
+		chain[4].SpanContext().SpanID() != round.SpanContext().SpanID() {
+		t.Fatalf("fallback span attributes %v", fb.Attributes())
+	}
+	if tp := e.traceParent("c1"); !strings.Contains(tp, rel.SpanContext().SpanID().String()) {
+		t.Fatalf("item trace_parent %q; want the lease.release span %s", tp, rel.SpanContext().SpanID())
 	}
 }
