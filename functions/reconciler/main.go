@@ -35,7 +35,9 @@ import (
 
 func main() {
 	log := slog.New(tracing.LogHandler(handler.WithRequestID(slog.NewJSONHandler(os.Stderr, nil))))
-	shutdown, err := tracing.Setup(context.Background(), tracing.ServiceReconciler)
+	// No shutdown: a Lambda process gets no exit hook, so each invocation flushes its
+	// spans before it returns (flushed).
+	_, err := tracing.Setup(context.Background(), tracing.ServiceReconciler)
 	if err != nil {
 		log.Error("reconciler: cannot start", "err", err)
 		os.Exit(1)
@@ -45,11 +47,7 @@ func main() {
 		log.Error("reconciler: cannot start", "err", err)
 		os.Exit(1)
 	}
-	lambda.StartHandlerFunc(flushed(h.Handle, log), lambda.WithEnableSIGTERM(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		defer cancel()
-		_ = shutdown(ctx)
-	}))
+	lambda.StartHandlerFunc(flushed(h.Handle, log))
 }
 
 // flushed wraps a Lambda handler so that the spans of each invocation are exported
