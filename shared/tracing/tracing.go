@@ -3,8 +3,8 @@
 // W3C trace context in the signed wakeup and handoff calls, in the trace_parent
 // attribute of the writes that cause a stream record, and the trace id in log lines.
 //
-// Guarantees: tracing is off — a no-op provider, nothing exported, no attribute
-// written — unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+// Guarantees: tracing is off — a no-op provider, nothing recorded or exported, no
+// trace started — unless OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
 // is set, and OTEL_SDK_DISABLED=true turns it off even then. Spans are exported over
 // OTLP/HTTP in batches, off the caller's goroutine. The default sampler keeps every
 // trace (parentbased_always_on: ownership changes are rare); OTEL_TRACES_SAMPLER
