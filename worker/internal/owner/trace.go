@@ -22,7 +22,9 @@ var tracer = tracing.Tracer("worker/internal/owner")
 func (m *Manager) openSession(ctx context.Context, o *owned, standby bool) {
 	_, o.span = tracer.Start(ctx, "connection.session", trace.WithAttributes(tracing.Conn(o.lease.ID),
 		tracing.Worker(m.cfg.WorkerID), tracing.Version(o.lease.Version), attribute.Bool("sockfleet.standby", standby)))
-	o.ctx = trace.ContextWithSpan(o.ctx, o.span)
+	if o.span.SpanContext().IsValid() { // tracing off and no trace given: nothing to carry
+		o.ctx = trace.ContextWithSpan(o.ctx, o.span)
+	}
 }
 
 // closeSession ends o's session span, saying why the session ended.
