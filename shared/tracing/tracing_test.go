@@ -167,3 +167,23 @@ func TestFirstDelivery(t *testing.T) {
 		t.Fatalf("session events %v", ss)
 	}
 }
+
+// Remote reads trace_parent from items an operator can edit: it never panics, and
+// what it accepts is a valid remote span context with the ids written in it.
+func FuzzRemote(f *testing.F) {
+	for _, s := range []string{"", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "00-junk", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		sc, ok := tracing.Remote(s)
+		if !ok {
+			return
+		}
+		if !sc.IsValid() || !sc.IsRemote() {
+			t.Fatalf("Remote(%q) accepted an invalid or local span context", s)
+		}
+		if l := strings.ToLower(s); !strings.Contains(l, sc.TraceID().String()) || !strings.Contains(l, sc.SpanID().String()) {
+			t.Fatalf("Remote(%q) read ids %s %s that are not in it", s, sc.TraceID(), sc.SpanID())
+		}
+	})
+}
