@@ -436,8 +436,6 @@ func (h *Handler) logReap(ctx context.Context, why string, rep reaper.Report, er
 
 // HandleTask handles a task state change.
 func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
-	ctx, batch := tracer.Start(ctx, "reconcile.batch", trace.WithAttributes(attribute.String("sockfleet.event", "task")))
-	defer batch.End()
 	log := h.d.Log.With("task", ev.TaskARN, "worker", ev.WorkerID, "last_status", ev.LastStatus, "desired_status", ev.DesiredStatus)
 	gone, why := ev.WorkerGone()
 	if !gone {
@@ -448,6 +446,9 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 		log.InfoContext(ctx, "task of another cluster; ignored", "cluster", ev.ClusterARN)
 		return nil
 	}
+	// Spans only for a worker gone: not for the task's other state changes.
+	ctx, batch := tracer.Start(ctx, "reconcile.batch", trace.WithAttributes(attribute.String("sockfleet.event", "task")))
+	defer batch.End()
 	rctx, span := tracer.Start(ctx, "reaper.release", trace.WithAttributes(tracing.Cause("task_stopped"), tracing.Worker(ev.WorkerID)))
 	// Each release carries this span's traceparent (trace_parent): the records they
 	// cause, and the wakeups those bring, join this trace.
