@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/secretsmanager"
 	"github.com/sockfleet/sockfleet/shared/ddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/worker/internal/app"
 	"github.com/sockfleet/sockfleet/worker/internal/config"
 	"github.com/sockfleet/sockfleet/worker/internal/secrets"
@@ -34,7 +35,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "checkconfig" {
 		os.Exit(checkConfig(os.Getenv, os.Stderr))
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(os.Getenv(schema.EnvLogLevel))}))
+	log := slog.New(tracing.LogHandler(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel(os.Getenv(schema.EnvLogLevel))})))
 	if err := run(log); err != nil {
 		log.Error("worker failed", "err", err)
 		os.Exit(1)
@@ -44,6 +45,18 @@ func main() {
 func run(log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	shutdown, err := tracing.Setup(ctx, tracing.ServiceWorker)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// After the drain: its handoffs' and releases' spans are exported too.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			log.Warn("export spans at exit", "err", err)
+		}
+	}()
 	cfg, err := config.Load(ctx, os.Getenv)
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)

@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,17 +29,39 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 )
 
 func main() {
-	log := slog.New(handler.WithRequestID(slog.NewJSONHandler(os.Stderr, nil)))
+	log := slog.New(tracing.LogHandler(handler.WithRequestID(slog.NewJSONHandler(os.Stderr, nil))))
+	// No shutdown: a Lambda process gets no exit hook, so each invocation flushes its
+	// spans before it returns (flushed).
+	_, err := tracing.Setup(context.Background(), tracing.ServiceReconciler)
+	if err != nil {
+		log.Error("reconciler: cannot start", "err", err)
+		os.Exit(1)
+	}
 	h, err := setup(context.Background(), log)
 	if err != nil {
 		log.Error("reconciler: cannot start", "err", err)
 		os.Exit(1)
 	}
-	lambda.StartHandlerFunc(h.Handle)
+	lambda.StartHandlerFunc(flushed(h.Handle, log))
+}
+
+// flushed wraps a Lambda handler so that the spans of each invocation are exported
+// before it returns: between invocations the function may be frozen, or never thawed.
+func flushed(f func(context.Context, json.RawMessage) (any, error), log *slog.Logger) func(context.Context, json.RawMessage) (any, error) {
+	return func(ctx context.Context, raw json.RawMessage) (any, error) {
+		out, err := f(ctx, raw)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if ferr := tracing.Flush(fctx); ferr != nil {
+			log.WarnContext(ctx, "export spans", "err", ferr)
+		}
+		return out, err
+	}
 }
 
 func setup(ctx context.Context, log *slog.Logger) (*handler.Handler, error) {

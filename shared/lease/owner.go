@@ -8,6 +8,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 )
 
 // Renew extends l, stores p's checkpoint, and returns the item as it now is, so the
@@ -51,7 +52,7 @@ func (s *Store) releaseAt(ctx context.Context, l Lease, p Progress, exp int64) e
 	if p.Status == "" {
 		p.Status = "released"
 	}
-	set := progress(codec.Item{schema.AttrLeaseExpires: codec.N(exp)}, p, s.nowMs())
+	set := traced(ctx, progress(codec.Item{schema.AttrLeaseExpires: codec.N(exp)}, p, s.nowMs()))
 	if p.Stop {
 		set[schema.AttrDesiredState] = codec.S(string(schema.Stopped))
 	}
@@ -59,6 +60,16 @@ func (s *Store) releaseAt(ctx context.Context, l Lease, p Progress, exp int64) e
 		return c.LeaseOwner == "" && c.LeaseVersion == l.Version && c.LeaseExpiresAtMs == exp && c.LastSeq == p.LastSeq
 	})
 	return err
+}
+
+// traced adds the traceparent of ctx's span to set as trace_parent, when there is
+// one: a write that causes a stream record (a release, a transfer) carries what the
+// reconciler's span for that record needs to join the trace, in the write itself.
+func traced(ctx context.Context, set codec.Item) codec.Item {
+	if tp := tracing.TraceParent(ctx); tp != "" {
+		set[tracing.AttrTraceParent] = codec.S(tp)
+	}
+	return set
 }
 
 // progress adds what every owner write stores of p to set and returns it: last_seq,

@@ -24,9 +24,9 @@ func (s *Store) ReleaseExpired(ctx context.Context, id, owner string, version in
 		return fmt.Errorf("release expired %s: %w", id, err)
 	}
 	stale := now.UnixMilli() - s.cfg.SkewMargin.Milliseconds()
-	upd := setAll(codec.Item{
+	upd := setAll(traced(ctx, codec.Item{
 		schema.AttrLeaseExpires: codec.N(0), schema.AttrStatus: codec.S("expired"), schema.AttrStatusAt: codec.N(now.UnixMilli()),
-	}).Remove(nameOwner)
+	})).Remove(nameOwner)
 	in, err := s.updateInput(id, upd, all(heldBy(owner, nameVersion.Equal(num(version))), expiredBefore(stale)), types.ReturnValueNone)
 	if err != nil {
 		return fmt.Errorf("release expired %s: %w", id, err)
@@ -76,7 +76,7 @@ func (s *Store) ReleaseStale(ctx context.Context, id, owner string, version, hol
 	if version == 0 { // what a record shows for an absent or unusable version
 		atVersion = expression.Or(nameVersion.AttributeNotExists(), atVersion, expression.Not(nameVersion.AttributeType(expression.Number)))
 	}
-	_, err := s.write(ctx, id, repairedRelease(fresh, "repaired", now, note), heldBy(owner, atVersion), types.ReturnValueNone)
+	_, err := s.write(ctx, id, repairedRelease(ctx, fresh, "repaired", now, note), heldBy(owner, atVersion), types.ReturnValueNone)
 	switch {
 	case err == nil:
 		return nil

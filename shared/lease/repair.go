@@ -95,7 +95,7 @@ func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec
 	fresh := now + s.cfg.SkewMargin.Milliseconds()
 	rawV := raw[schema.AttrLeaseVersion]
 	note := fmt.Sprintf("%s %s on the lease of %s: released with version %d", schema.AttrLeaseVersion, codec.Describe(rawV), owner, fresh)
-	_, err := s.write(ctx, id, repairedRelease(fresh, status, now, note), all(heldBy(owner, valueIs(nameVersion, rawV)), cond),
+	_, err := s.write(ctx, id, repairedRelease(ctx, fresh, status, now, note), all(heldBy(owner, valueIs(nameVersion, rawV)), cond),
 		types.ReturnValueNone)
 	switch {
 	case err == nil:
@@ -110,12 +110,12 @@ func (s *Store) releaseUnusable(ctx context.Context, id, owner string, raw codec
 // repairedRelease is the update of a release that repairs the lease: owner removed,
 // lease_expires_at_ms 0, a fresh version, status (stamped now), and note in
 // status_error and last_repair.
-func repairedRelease(fresh int64, status string, now int64, note string) expression.UpdateBuilder {
-	return setAll(codec.Item{
+func repairedRelease(ctx context.Context, fresh int64, status string, now int64, note string) expression.UpdateBuilder {
+	return setAll(traced(ctx, codec.Item{
 		schema.AttrLeaseExpires: codec.N(0), schema.AttrLeaseVersion: codec.N(fresh),
 		schema.AttrStatus: codec.S(status), schema.AttrStatusAt: codec.N(now),
 		schema.AttrStatusError: codec.S(note), schema.AttrLastRepair: codec.S(repairNote(now, note)),
-	}).Remove(nameOwner)
+	})).Remove(nameOwner)
 }
 
 // unusableVersion: the item names an owner but its lease_version is absent or will

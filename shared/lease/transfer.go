@@ -39,9 +39,9 @@ func (s *Store) Transfer(ctx context.Context, l Lease, to string, p Progress, re
 	nv := max(l.Version+1, now)
 	exp := s.expiry(now)
 	note := fmt.Sprintf("handed off from %s (version %d)", l.Owner, l.Version)
-	set := progress(codec.Item{
+	set := traced(ctx, progress(codec.Item{
 		schema.AttrLeaseOwner: codec.S(to), schema.AttrLeaseVersion: codec.N(nv), schema.AttrLeaseExpires: codec.N(exp),
-	}, Progress{LastSeq: p.LastSeq, Epoch: p.Epoch, Status: StatusHandedOff, Error: note}, now)
+	}, Progress{LastSeq: p.LastSeq, Epoch: p.Epoch, Status: StatusHandedOff, Error: note}, now))
 	if rebalance {
 		set[schema.AttrMovedAt] = codec.N(now)
 	}

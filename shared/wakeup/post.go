@@ -12,7 +12,8 @@ import (
 
 // SignedPost sends the signed POST of every call between sockfleet's parts (wakeups,
 // worker-to-worker handoffs): a JSON body with the HeaderTimestamp and
-// HeaderSignature headers, signed with Sign. The receiver checks it with Verify and
+// HeaderSignature headers, signed with Sign, and the trace context of ctx's span, if
+// any, signed with SignTrace. The receiver checks it with Verify, TraceContext and
 // Replay.
 type SignedPost struct {
 	Secret []byte
@@ -54,7 +55,9 @@ func (p SignedPost) Do(ctx context.Context, url string, body []byte, max int64) 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderTimestamp, ts)
-	req.Header.Set(HeaderSignature, Sign(p.Secret, ts, body))
+	sig := Sign(p.Secret, ts, body)
+	req.Header.Set(HeaderSignature, sig)
+	signTrace(ctx, p.Secret, sig, req.Header)
 	hc := p.HTTP
 	if hc == nil {
 		hc = &http.Client{Timeout: p.Timeout}

@@ -21,6 +21,7 @@ import (
 	"github.com/sockfleet/sockfleet/functions/reconciler/records"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Sender sends one wakeup to the worker at addr. *wakeup.Client implements it.
@@ -60,6 +61,12 @@ type Outcome struct {
 // decision per id.
 func (d *Delivery) Deliver(ctx context.Context, workers []codec.Worker, now time.Time, ds []records.Decision) map[string]Outcome {
 	out := make(map[string]Outcome, len(ds))
+	spans := make(map[string]trace.SpanContext, len(ds))
+	for _, dc := range ds {
+		if dc.Span != nil {
+			spans[dc.ID] = *dc.Span
+		}
+	}
 	var needs []wakeup.Conn
 	checks := map[string][]wakeup.Conn{}
 	for _, dc := range ds {
@@ -101,7 +108,7 @@ func (d *Delivery) Deliver(ctx context.Context, workers []codec.Worker, now time
 			return out
 		}
 		pending = nil
-		for _, r := range d.send(ctx, calls) {
+		for _, r := range d.send(ctx, calls, spans) {
 			pending = append(pending, d.settle(r, pool, now, out)...)
 		}
 		calls = nil
@@ -133,8 +140,9 @@ func chunk(w codec.Worker, conns []wakeup.Conn) []call {
 }
 
 // send runs the calls in parallel, each with its own timeout, and returns them with
-// their answers in the order given.
-func (d *Delivery) send(ctx context.Context, calls []call) []call {
+// their answers in the order given. Each call's span is a child of the span of the
+// first of its ids' decisions that has one, linked to the others' (spans).
+func (d *Delivery) send(ctx context.Context, calls []call, spans map[string]trace.SpanContext) []call {
 	timeout := d.Timeout
 	if timeout <= 0 {
 		timeout = DefaultWakeupTimeout
@@ -142,13 +150,36 @@ func (d *Delivery) send(ctx context.Context, calls []call) []call {
 	var wg sync.WaitGroup
 	for i := range calls {
 		wg.Go(func() {
-			cctx, cancel := context.WithTimeout(ctx, timeout)
+			cctx, cancel := context.WithTimeout(callContext(ctx, calls[i].req.Conns, spans), timeout)
 			defer cancel()
 			calls[i].resp, calls[i].err = d.Sender.Send(cctx, calls[i].worker.Addr, calls[i].req)
 		})
 	}
 	wg.Wait()
 	return calls
+}
+
+// callContext is ctx under the span of the first of conns' decisions, with links to
+// the spans of the rest.
+func callContext(ctx context.Context, conns []wakeup.Conn, spans map[string]trace.SpanContext) context.Context {
+	var parent trace.SpanContext
+	var ls []trace.Link
+	for _, c := range conns {
+		switch sc := spans[c.ID]; {
+		case !sc.IsValid():
+		case !parent.IsValid():
+			parent = sc
+		case !sc.Equal(parent):
+			ls = append(ls, trace.Link{SpanContext: sc})
+		}
+	}
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
+	if len(ls) > 0 {
+		ctx = wakeup.WithLinks(ctx, ls)
+	}
+	return ctx
 }
 
 // settle records the answers of one call and returns the needs-owner ids to offer to

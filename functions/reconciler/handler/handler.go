@@ -37,6 +37,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/aws/aws-lambda-go/events"
@@ -49,7 +50,10 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Registry is the worker registry (*registry.Registry).
@@ -217,9 +221,32 @@ type pending struct {
 
 // HandleStream handles one stream batch.
 func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (events.DynamoDBEventResponse, error) {
+	// The batch's span is started (back-dated) at its first actionable connection
+	// record: a batch of heartbeats, every renew interval, makes none. What the reaper
+	// or a rebalance round does on a heartbeat starts spans of its own when it acts.
+	t0 := time.Now()
+	bctx, batch := ctx, trace.Span(nil)
+	traced := func() context.Context {
+		if batch == nil {
+			bctx, batch = tracer.Start(ctx, "reconcile.batch", trace.WithTimestamp(t0), trace.WithAttributes(
+				attribute.String("sockfleet.event", "stream"), attribute.Int("sockfleet.records", len(ev.Records))))
+		}
+		return bctx
+	}
+	defer func() {
+		if batch != nil {
+			batch.End()
+		}
+	}()
 	log := h.d.Log
 	var order []string
 	latest := map[string]pending{}
+	spans := map[string]trace.Span{} // the reconcile.record span of each id's latest decision
+	defer func() {
+		for _, sp := range spans {
+			sp.End()
+		}
+	}()
 	heartbeat, joined := false, false
 	var owners []string // owners named by the records' new images
 	for _, r := range ev.Records {
@@ -246,10 +273,18 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 		if _, seen := latest[d.ID]; !seen {
 			order = append(order, d.ID)
 		}
+		if sp := spans[d.ID]; sp != nil {
+			sp.AddEvent("superseded by a later record in the batch")
+			sp.End()
+		}
+		var sp trace.Span
+		d.Span, sp = recordSpan(traced(), r, d)
+		spans[d.ID] = sp
 		latest[d.ID] = pending{d: d, seq: r.Change.SequenceNumber}
-		log.InfoContext(ctx, "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
+		log.InfoContext(trace.ContextWithSpan(ctx, sp), "stream record needs action", "id", d.ID, "action", d.Action.String(), "why", d.Why,
 			"owner", d.Owner, "version", d.LeaseVersion)
 	}
+	ctx = bctx // the batch's span, if it has one
 	var resp events.DynamoDBEventResponse
 	now := h.d.Now()
 	var workers []codec.Worker
@@ -293,6 +328,9 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	}
 	for _, id := range order {
 		o, ok := out[id]
+		spans[id].SetAttributes(attribute.Bool("sockfleet.wakeup.done", ok && o.Done), tracing.Worker(o.Worker),
+			tracing.Result(string(o.Result)))
+		ctx := trace.ContextWithSpan(ctx, spans[id]) // the line leads to the record's trace
 		switch {
 		case ok && o.Done:
 			log.InfoContext(ctx, "wakeup delivered", "id", id, "worker", o.Worker, "result", string(o.Result), "note", o.Why)
@@ -346,7 +384,7 @@ func (h *Handler) repair(ctx context.Context, workers []codec.Worker, now time.T
 		default:
 			// The floor of the next acquire: above the displaced holder's version, not
 			// only the stale image's (shared/lease AcquireAbove).
-			needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, LeaseVersion: max(d.Image.Version, d.LeaseVersion), Why: records.WhyStale})
+			needs = append(needs, records.Decision{Action: records.NeedsOwner, ID: d.ID, LeaseVersion: max(d.Image.Version, d.LeaseVersion), Why: records.WhyStale, Span: d.Span})
 		}
 	}
 	if len(needs) > 0 {
@@ -417,7 +455,15 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 		log.InfoContext(ctx, "task of another cluster; ignored", "cluster", ev.ClusterARN)
 		return nil
 	}
-	released, err := h.d.Leases.ReleaseAllOwnedBy(ctx, ev.WorkerID)
+	// Spans only for a worker gone: not for the task's other state changes.
+	ctx, batch := tracer.Start(ctx, "reconcile.batch", trace.WithAttributes(attribute.String("sockfleet.event", "task")))
+	defer batch.End()
+	rctx, span := tracer.Start(ctx, "reaper.release", trace.WithAttributes(tracing.Cause("task_stopped"), tracing.Worker(ev.WorkerID)))
+	// Each release carries this span's traceparent (trace_parent): the records they
+	// cause, and the wakeups those bring, join this trace.
+	released, err := h.d.Leases.ReleaseAllOwnedBy(rctx, ev.WorkerID)
+	reaper.Released(span, released, err)
+	span.End()
 	log.InfoContext(ctx, "released stopped worker's leases", "released", len(released), "ids", released,
 		"why", why, "stop_code", ev.StopCode, "reason", ev.StoppedReason)
 	if derr := h.d.Registry.Gone(ctx, ev.WorkerID, h.d.Now()); derr != nil {
@@ -431,6 +477,8 @@ func (h *Handler) HandleTask(ctx context.Context, ev TaskEvent) error {
 
 // Sweep runs the backstop sweep and emits the orphan metrics.
 func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
+	ctx, batch := tracer.Start(ctx, "reconcile.batch", trace.WithAttributes(attribute.String("sockfleet.event", "sweep")))
+	defer batch.End()
 	now := h.d.Now()
 	var ws []codec.Worker
 	if h.d.Members != nil {
@@ -442,7 +490,13 @@ func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
 	if h.d.Rounds != nil {
 		ws, _ = h.rebalance(ctx, now, ws, ws != nil, "sweep")
 	}
-	r, err := h.d.Sweeper.Run(ctx, now)
+	sctx, span := tracer.Start(ctx, "sweep.run", trace.WithAttributes(tracing.Cause("sweep")))
+	r, err := h.d.Sweeper.Run(sctx, now)
+	span.SetAttributes(attribute.Int("sockfleet.sweep.released", r.Released), attribute.Int("sockfleet.sweep.nudged", r.Nudged))
+	if err != nil {
+		span.RecordError(err)
+	}
+	span.End()
 	if h.d.Members != nil && len(r.NotLiveOwners) > 0 && ws != nil {
 		rep, oerr := h.d.Members.Owners(ctx, now, ws, r.NotLiveOwners)
 		h.logReap(ctx, "sweep: owners not live", rep, oerr)
@@ -459,6 +513,40 @@ func (h *Handler) Sweep(ctx context.Context) (sweep.Report, error) {
 		return r, fmt.Errorf("sweep: %w", err)
 	}
 	return r, nil
+}
+
+var tracer = tracing.Tracer("functions/reconciler/handler")
+
+// recordSpan starts the reconcile.record span of decision d about record r: a child of
+// the span whose write caused r when the write carried one (records.TraceParent: a
+// release or a transfer), linked to the batch's span; else a child of the batch's.
+func recordSpan(ctx context.Context, r events.DynamoDBEventRecord, d records.Decision) (*trace.SpanContext, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithAttributes(tracing.Conn(d.ID), tracing.Decision(d.Action.String()),
+		tracing.Cause(recordCause(d.Why)), tracing.Version(d.LeaseVersion), attribute.String("sockfleet.why", d.Why),
+		attribute.String("aws.dynamodb.stream.sequence_number", r.Change.SequenceNumber))}
+	if d.Owner != "" {
+		opts = append(opts, trace.WithAttributes(tracing.Worker(d.Owner)))
+	}
+	if cause, ok := records.TraceParent(r); ok {
+		opts = append(opts, trace.WithLinks(trace.LinkFromContext(ctx)))
+		ctx = trace.ContextWithRemoteSpanContext(ctx, cause)
+	}
+	_, sp := tracer.Start(ctx, "reconcile.record", opts...)
+	sc := sp.SpanContext()
+	return &sc, sp
+}
+
+// recordCause names the cause of a decision (sockfleet.cause): an operator's flip of
+// desired_state, a new item, a release (a stopped worker's, a dead member's, a
+// fallback handoff's, an owner's), and so on.
+func recordCause(why string) string {
+	switch why {
+	case records.WhyInserted:
+		return "insert"
+	case records.WhyRestarted, records.WhyStopped:
+		return "flip"
+	}
+	return strings.ReplaceAll(why, " ", "_")
 }
 
 func (h *Handler) metric(ctx context.Context, now time.Time, ms ...emf.Metric) {

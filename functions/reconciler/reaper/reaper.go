@@ -54,6 +54,10 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Registry is the part of the registry the reaper uses (*registry.Registry).
@@ -233,28 +237,45 @@ func (r *Reaper) member(ctx context.Context, w codec.Worker, now time.Time, rep 
 	if !registry.Releasable(w, now, r.Skew) {
 		return nil // live, or lapsed within the margin: it may still be streaming
 	}
+	switch {
+	case !w.Dead() && r.inGrace(now):
+		return nil // every member lapsed in a quiet spell: let the live ones renew first
+	case w.Dead() && !seen && now.UnixMilli() > w.HeartbeatExpiresAtMs+r.retryFor().Milliseconds():
+		return nil // long dead: the sweep's pass over the table covers what is left
+	}
+	// A span for a member declared dead now, or named as owner by a record; none for
+	// the retries of a dead member's releases at each reap, which mostly find nothing.
+	span := trace.SpanFromContext(ctx)
+	if !w.Dead() || seen {
+		ctx, span = tracer.Start(ctx, "reaper.release", trace.WithAttributes(tracing.Cause("member_dead"), tracing.Worker(w.ID),
+			attribute.String("sockfleet.incarnation", w.Incarnation)))
+		defer span.End()
+	}
+	var ids []string
+	var err error
+	defer func() { Released(span, ids, err) }()
 	if !w.Dead() {
-		if r.inGrace(now) {
-			return nil // every member lapsed in a quiet spell: let the live ones renew first
-		}
-		declared, err := r.Registry.DeclareDead(ctx, w, now, r.Skew)
+		var declared bool
+		declared, err = r.Registry.DeclareDead(ctx, w, now, r.Skew)
 		if err != nil {
 			return err
 		}
 		if !declared {
+			span.AddEvent("renewed, left or changed since the listing")
 			return nil // it renewed, left or changed since the listing
 		}
+		span.AddEvent("member_declared_dead", trace.WithAttributes(attribute.Int64("sockfleet.lapsed_ms", now.UnixMilli()-w.HeartbeatExpiresAtMs)))
 		rep.Declared = append(rep.Declared, w.ID)
 		r.log().InfoContext(ctx, "member declared dead", "worker", w.ID, "incarnation", w.Incarnation,
 			"lapsed_ms_ago", now.UnixMilli()-w.HeartbeatExpiresAtMs)
-		ids, err := r.Leases.ReleaseAllOwnedBy(ctx, w.ID)
+		// Each release carries this span's traceparent (trace_parent): the records
+		// they cause, and the wakeups those bring, join this trace.
+		ids, err = r.Leases.ReleaseAllOwnedBy(ctx, w.ID)
 		return r.released(ctx, w, ids, err, rep)
-	} else if !seen && now.UnixMilli() > w.HeartbeatExpiresAtMs+r.retryFor().Milliseconds() {
-		return nil // long dead: the sweep's pass over the table covers what is left
 	}
 	// Dead already: what still names it may be a stale image written back over a
 	// live holder's lease since (issue 21). Leave the holder time to take it back.
-	ids, err := r.Leases.ReleaseAllOwnedByAfter(ctx, w.ID, r.hold())
+	ids, err = r.Leases.ReleaseAllOwnedByAfter(ctx, w.ID, r.hold())
 	return r.released(ctx, w, ids, err, rep)
 }
 
@@ -274,6 +295,21 @@ func (r *Reaper) hold() time.Duration {
 		return DefaultHold
 	}
 	return r.Hold
+}
+
+var tracer = tracing.Tracer("functions/reconciler/reaper")
+
+// Released records on a reaper.release span the connections released (an event
+// each: the trace of each one's next owner starts from it) and the error, if any.
+func Released(span trace.Span, ids []string, err error) {
+	span.SetAttributes(attribute.Int("sockfleet.released", len(ids)))
+	for _, id := range ids {
+		span.AddEvent("released", trace.WithAttributes(tracing.Conn(id)))
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "some releases failed")
+	}
 }
 
 func (r *Reaper) retryFor() time.Duration {

@@ -35,6 +35,7 @@ import (
 	"github.com/aws/aws-lambda-go/events"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Action is what a record asks for.
@@ -77,6 +78,10 @@ type Decision struct {
 	// Image, for WhyStale, is the lease the stale image left: its owner ("" if none)
 	// and version. LeaseVersion is then the displaced holder's.
 	Image Image
+	// Span is the reconcile.record span of the decision (set by the handler, not
+	// Classify; nil: none): the wakeup it asks for joins its trace. A pointer keeps
+	// Decision comparable.
+	Span *trace.SpanContext
 }
 
 // Image is the lease fields of a stale image.

@@ -73,7 +73,10 @@ import (
 	"github.com/sockfleet/sockfleet/functions/reconciler/dispatch"
 	"github.com/sockfleet/sockfleet/functions/reconciler/rebalance"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // WhyJoined is the reason Check is given when a worker joined: it starts a round even
@@ -244,7 +247,13 @@ func (r *Rounds) Check(ctx context.Context, now time.Time, ws []codec.Worker, wh
 	sent := maps.Clone(r.sent)
 	r.mu.Unlock()
 
+	// A span only for a round that runs (its moves' wakeups are its children), none
+	// for a check that finds nothing to do.
+	ctx, span := tracer.Start(ctx, "rebalance.round", trace.WithAttributes(tracing.Cause("rebalance"),
+		attribute.String("sockfleet.rebalance.why", why), attribute.Int("sockfleet.workers", rep.Workers)))
 	fl := r.round(ctx, now, eligible, sent, &rep)
+	span.SetAttributes(attribute.Int("sockfleet.rebalance.moves", rep.Accepted()))
+	span.End()
 
 	r.mu.Lock()
 	r.running, r.flight = false, fl
@@ -257,6 +266,8 @@ func (r *Rounds) Check(ctx context.Context, now time.Time, ws []codec.Worker, wh
 	r.logRound(ctx, rep)
 	return rep
 }
+
+var tracer = tracing.Tracer("functions/reconciler/rounds")
 
 func (r *Rounds) cooling() time.Duration {
 	if r.cfg.Plan.Cooling > 0 {

@@ -58,6 +58,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 )
 
 // DynamoDB is the part of the SDK client the sweep uses.
@@ -445,6 +446,10 @@ func Nudge(ctx context.Context, db DynamoDB, table, id string, now time.Time) (b
 	upd := expression.Set(expression.Name(schema.AttrNudgedAt), nowV).
 		Set(expression.Name(schema.AttrLeaseExpires), expression.Value(codec.N(0))).
 		Set(expression.Name(schema.AttrStatusAt), expression.IfNotExists(expression.Name(schema.AttrStatusAt), nowV))
+	if tp := tracing.TraceParent(ctx); tp != "" {
+		// The record this write causes joins the sweep's trace (docs/TRACING.md).
+		upd = upd.Set(expression.Name(tracing.AttrTraceParent), expression.Value(codec.S(tp)))
+	}
 	cond := expression.And(expression.Name(schema.AttrPK).AttributeExists(),
 		expression.Name(schema.AttrDesiredState).Equal(expression.Value(codec.S(string(schema.Started)))),
 		lease.ReleasedCondition())

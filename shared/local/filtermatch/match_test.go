@@ -129,3 +129,33 @@ func TestHeartbeatNeverPasses(t *testing.T) {
 		t.Fatal("the absent-expiry pattern must name the N type")
 	}
 }
+
+// trace_parent (tracing.AttrTraceParent) changes nothing the filters see: a checkpoint
+// or a transfer whose item carries one (left by an earlier release, or written by the
+// transfer itself) passes no pattern, and a release passes with or without one.
+func TestTraceParentChangesNoFilterDecision(t *testing.T) {
+	const tp = `"trace_parent": {"S": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, `
+	item := func(extra, owner, expires, seq string) string {
+		return `{"Pk": {"S": "CONN#c"}, "desired_state": {"S": "STARTED"}, ` + extra +
+			`"lease_owner": {"S": "` + owner + `"}, "lease_expires_at_ms": {"N": "` + expires + `"}, "last_seq": {"N": "` + seq + `"}}`
+	}
+	record := func(old, cur string) []byte {
+		return []byte(`{"eventName": "MODIFY", "dynamodb": {"OldImage": ` + old + `, "NewImage": ` + cur + `}}`)
+	}
+	s := MustCompile(filters.Patterns)
+	for _, c := range []struct {
+		name string
+		rec  []byte
+		want bool
+	}{
+		{"checkpoint", record(item("", "w1", "1000", "5"), item("", "w1", "1000", "9")), false},
+		{"checkpoint after a traced write", record(item(tp, "w1", "1000", "5"), item(tp, "w1", "1000", "9")), false},
+		{"transfer carrying trace_parent", record(item("", "w1", "1000", "5"), item(tp, "w2", "1000", "5")), false},
+		{"release", record(item("", "w1", "1000", "5"), item("", "w1", "0", "5")), true},
+		{"release carrying trace_parent", record(item("", "w1", "1000", "5"), item(tp, "w1", "0", "5")), true},
+	} {
+		if ok, err := s.MatchJSON(c.rec); err != nil || ok != c.want {
+			t.Errorf("%s: passes %v (err %v), want %v", c.name, ok, err, c.want)
+		}
+	}
+}

@@ -198,7 +198,7 @@ func New(cfg config.Config, d Deps) (*App, error) {
 			return nil, fmt.Errorf("listen: %w", err)
 		}
 	}
-	srv := &server.Server{Secret: cfg.WakeupSecret, Owner: mgr, Metrics: m, Log: d.Log}
+	srv := &server.Server{Secret: cfg.WakeupSecret, Worker: cfg.WorkerID, Owner: mgr, Metrics: m, Log: d.Log}
 	if oc.Handoff != nil {
 		srv.Handoffs = mgr
 	}

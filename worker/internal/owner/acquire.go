@@ -8,14 +8,18 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // detailStandingBy is Acquire's detail for a connection this worker only stands by
 // for (a handoff to it not yet committed).
 const detailStandingBy = "standing by for a handoff to this worker, not its owner"
 
-// Acquire tries to take connection id and start streaming it.
+// Acquire tries to take connection id and start streaming it. Its lease.acquire span
+// (a child of ctx's: the wakeup's, or none) is the parent of the session it starts.
 func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
 	return m.acquire(ctx, id, 0)
 }
@@ -28,7 +32,15 @@ type floorAcquirer interface {
 
 // acquire is Acquire writing a version above floor (a needs-owner wakeup's
 // lease_version: one the reconciler saw issued), when the store can.
-func (m *Manager) acquire(ctx context.Context, id string, floor int64) (wakeup.Result, string) {
+func (m *Manager) acquire(ctx context.Context, id string, floor int64) (r wakeup.Result, detail string) {
+	ctx, span := tracer.Start(ctx, "lease.acquire", trace.WithAttributes(tracing.Conn(id), tracing.Worker(m.cfg.WorkerID)))
+	defer func() {
+		span.SetAttributes(tracing.Result(string(r)))
+		if detail != "" {
+			span.SetAttributes(attribute.String("sockfleet.detail", detail))
+		}
+		span.End()
+	}()
 	m.mu.Lock()
 	switch {
 	case m.draining:
@@ -62,29 +74,32 @@ func (m *Manager) acquire(ctx context.Context, id string, floor int64) (wakeup.R
 	} else {
 		l, err = m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
 	}
+	if err == nil {
+		span.SetAttributes(tracing.Version(l.Version))
+	}
 
 	m.mu.Lock()
 	delete(m.acquiring, id)
 	if err == nil && m.draining {
 		m.mu.Unlock()
-		m.release(l, lease.Progress{LastSeq: l.LastSeq})
+		m.release(ctx, l, lease.Progress{LastSeq: l.LastSeq})
 		return wakeup.Draining, ""
 	}
 	if err == nil && !m.rg.valid(nil) {
 		// The membership fence passed while the acquire was in flight (stream mode):
 		// the fence has already stopped everything else, so give this one back too.
 		m.mu.Unlock()
-		m.release(l, lease.Progress{LastSeq: l.LastSeq, Status: "fenced", Error: errFenced.Error()})
+		m.release(ctx, l, lease.Progress{LastSeq: l.LastSeq, Status: "fenced", Error: errFenced.Error()})
 		return wakeup.Failed, "membership lease not renewed in time"
 	}
 	if err == nil {
-		m.start(l, t0)
+		m.start(ctx, l, t0)
 	}
 	m.mu.Unlock()
 	switch {
 	case err == nil:
 		m.cfg.Metrics.Acquisitions.Add(1)
-		m.cfg.Log.Info("acquired", "conn", id, "version", l.Version, "last_seq", l.LastSeq)
+		m.cfg.Log.InfoContext(ctx, "acquired", "conn", id, "version", l.Version, "last_seq", l.LastSeq)
 		return wakeup.Acquired, ""
 	case errors.Is(err, lease.ErrHeld):
 		m.cfg.Metrics.LostRaces.Add(1)
@@ -99,7 +114,7 @@ func (m *Manager) acquire(ctx context.Context, id string, floor int64) (wakeup.R
 			m.unresolved[id] = amb.StampMs
 			m.mu.Unlock()
 		}
-		m.cfg.Log.Warn("acquire failed", "conn", id, "err", err)
+		m.cfg.Log.WarnContext(ctx, "acquire failed", "conn", id, "err", err)
 		return wakeup.Failed, err.Error()
 	}
 }

@@ -95,7 +95,13 @@ func (m *Manager) act(o *owned, c codec.Connection) {
 // check re-reads an owned connection by checkpointing it now, and acts on the result.
 func (m *Manager) check(ctx context.Context, o *owned) (wakeup.Result, string) {
 	o.writeMu.Lock()
+	if o.ctx.Err() == nil {
+		o.stopIn(ctx) // a stop it finds: the release joins the wakeup's trace
+	}
 	err := m.checkpoint(ctx, o)
+	if o.ctx.Err() == nil {
+		o.stopper.Store(nil) // still running: a later stop is not this wakeup's
+	}
 	o.writeMu.Unlock()
 	if err != nil && !errors.Is(err, lease.ErrLost) && !errors.Is(err, lease.ErrNotFound) {
 		return wakeup.Failed, err.Error()

@@ -9,9 +9,12 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Planned handoff, make-before-break (docs/HANDOFF.md). This file holds what both
@@ -220,14 +223,26 @@ func (m *Manager) Handoff(ctx context.Context, r peer.Request) peer.Response {
 	if r.To != m.cfg.WorkerID {
 		return refused("addressed to %s, this is %s", r.To, m.cfg.WorkerID)
 	}
+	// The server side of the other worker's call: a child of its span (worker.drain,
+	// a rebalance wakeup's handling, or handoff.cut) when the call carried it.
+	ctx, span := tracer.Start(ctx, "handoff."+string(r.Op), trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
+		tracing.Conn(r.Conn), tracing.Worker(m.cfg.WorkerID), tracing.Version(r.Version), tracing.Phase(string(r.Op)),
+		attribute.String("sockfleet.handoff.from", r.From), attribute.Int64("sockfleet.last_seq", r.Seq)))
+	defer span.End()
+	var resp peer.Response
 	switch r.Op {
 	case peer.Prepare:
-		return m.prepare(ctx, r)
+		resp = m.prepare(ctx, r)
 	case peer.Commit:
-		return m.commit(ctx, r)
+		resp = m.commit(ctx, r)
 	default:
-		return m.abortStandby(r)
+		resp = m.abortStandby(r)
 	}
+	span.SetAttributes(attribute.String("sockfleet.handoff.result", string(resp.Result)))
+	if resp.Detail != "" {
+		span.SetAttributes(attribute.String("sockfleet.detail", resp.Detail))
+	}
+	return resp
 }
 
 func refused(format string, args ...any) peer.Response {

@@ -10,8 +10,11 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The source's side of a planned handoff (A in docs/HANDOFF.md): pick a target (a
@@ -21,14 +24,22 @@ import (
 
 // handOff moves o to target (A's side), or releases it when that cannot be
 // prepared. prepareBy, if not zero, cuts the prepare short. It returns whether the
-// lease was transferred, and blocks until o's session has ended either way.
-func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bool {
+// lease was transferred, and blocks until o's session has ended either way. cause is
+// the span of what asked for it (the rebalance wakeup's handling, or worker.drain):
+// the prepare call, the transfer (handoff.cut) and a fallback are its children.
+func (m *Manager) handOff(cause trace.SpanContext, o *owned, target codec.Worker, prepareBy time.Time) bool {
 	id := o.lease.ID
 	p := progress(o)
+	tctx := trace.ContextWithSpanContext(context.Background(), cause)
 	fallback := func(why string) bool {
 		m.cfg.Metrics.HandoffFallbacks.Add(1)
-		m.cfg.Log.Info("handoff not possible; releasing", "conn", id, "to", target.ID, "why", why)
+		fctx, span := tracer.Start(tctx, "handoff.fallback_release", leaseAttrs(o.lease), trace.WithAttributes(
+			tracing.Worker(m.cfg.WorkerID), tracing.Fallback(true), tracing.Phase("fallback"),
+			attribute.String("sockfleet.handoff.to", target.ID), attribute.String("sockfleet.handoff.why", why)))
+		defer span.End()
+		m.cfg.Log.InfoContext(fctx, "handoff not possible; releasing", "conn", id, "to", target.ID, "why", why)
 		o.fallback.Store(&why)
+		o.stopIn(fctx) // the release is this span's child
 		o.cancel(errHandoffFallback)
 		<-o.done
 		return false
@@ -45,7 +56,9 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 	if !prepareBy.IsZero() && prepareBy.Before(by) {
 		by = prepareBy
 	}
-	pctx, cancel := context.WithDeadline(o.ctx, by)
+	// The prepare call carries cause's trace context: the target's handoff.prepare
+	// is its child.
+	pctx, cancel := context.WithDeadline(trace.ContextWithSpanContext(o.ctx, cause), by)
 	resp, err := m.ho.cfg.Peer.Send(pctx, target.Addr, req)
 	cancel()
 	if err != nil || resp.Result != peer.Ready {
@@ -71,6 +84,7 @@ func (m *Manager) handOff(o *owned, target codec.Worker, prepareBy time.Time) bo
 	}
 	o.target.Store(&target)
 	o.stopAt.Store(time.Now().UnixNano())
+	o.stopIn(tctx) // the transfer (handoff.cut) is cause's child
 	o.cancel(handoffCut{m: m, o: o, free: free})
 	<-o.done
 	if !errors.Is(context.Cause(o.ctx), errHandingOff) {
@@ -104,25 +118,36 @@ func (c handoffCut) Cut() {
 // target; fall back to a release when the transfer is refused.
 func (m *Manager) cutOver(o *owned, p lease.Progress) {
 	t := o.target.Load()
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
+	ctx, cancel := context.WithTimeout(stopContext(o), m.cfg.ReleaseTimeout)
 	defer cancel()
+	// The transfer write carries this span as trace_parent; the commit call carries it
+	// to the target, whose handoff.commit is its child.
+	ctx, span := tracer.Start(ctx, "handoff.cut", leaseAttrs(o.lease), trace.WithLinks(sessionLink(o)), trace.WithAttributes(
+		tracing.Worker(m.cfg.WorkerID), tracing.Phase("cut"), attribute.String("sockfleet.handoff.to", t.ID),
+		attribute.Int64("sockfleet.last_seq", p.LastSeq)))
+	defer span.End()
 	cut := time.Now()
 	nl, err := m.ho.cfg.Store.Transfer(ctx, o.lease, t.ID, p, o.rebalance.Load())
+	if err != nil {
+		span.RecordError(err)
+	} else {
+		span.SetAttributes(attribute.Int64("sockfleet.handoff.new_version", nl.Version))
+	}
 	req := peer.Request{Conn: o.lease.ID, From: m.cfg.WorkerID, To: t.ID, Version: o.lease.Version}
 	switch {
 	case err == nil:
 		o.transferred.Store(true)
 		m.cfg.Metrics.Handoffs.Add(1)
 		written := time.Now()
-		m.commitPeer(*t, nl, p)
+		m.commitPeer(ctx, *t, nl, p)
 		// The new owner's wait, in its parts: the stream's end (its last delivery),
 		// the transfer write, the commit call (the target delivers what it held).
-		m.cfg.Log.Info("handed off", "conn", o.lease.ID, "to", t.ID, "version", nl.Version, "last_seq", p.LastSeq,
+		m.cfg.Log.InfoContext(ctx, "handed off", "conn", o.lease.ID, "to", t.ID, "version", nl.Version, "last_seq", p.LastSeq,
 			"stop_ms", ms(cut.Sub(time.Unix(0, o.stopAt.Load()))), "transfer_ms", ms(written.Sub(cut)), "commit_ms", ms(time.Since(written)))
 	case errors.Is(err, lease.ErrNotStarted):
 		m.abortPeer(*t, req)
 		p.Status = "stopped"
-		m.release(o.lease, p)
+		m.release(ctx, o.lease, p)
 	case errors.Is(err, lease.ErrLost), errors.Is(err, lease.ErrNotFound):
 		m.abortPeer(*t, req)
 		m.cfg.Log.Warn("handoff: lease lost before the transfer", "conn", o.lease.ID, "err", err)
@@ -132,18 +157,19 @@ func (m *Manager) cutOver(o *owned, p lease.Progress) {
 		// stop: refused (ErrLost) if the transfer did land.
 		m.cfg.Metrics.HandoffFallbacks.Add(1)
 		p.Error = fmt.Sprintf("handoff to %s: transfer outcome unknown (%v); released", t.ID, err)
-		m.release(o.lease, p)
+		span.SetAttributes(tracing.Fallback(true))
+		m.release(ctx, o.lease, p)
 	}
 }
 
 // commitPeer tells the target it holds nl, a few times within a few seconds. If it
 // never hears, its standby timeout finds the lease in the table.
-func (m *Manager) commitPeer(t codec.Worker, nl lease.Lease, p lease.Progress) {
+func (m *Manager) commitPeer(parent context.Context, t codec.Worker, nl lease.Lease, p lease.Progress) {
 	req := peer.Request{Op: peer.Commit, Conn: nl.ID, From: m.cfg.WorkerID, To: t.ID,
 		Version: nl.Version, Seq: p.LastSeq, Epoch: p.Epoch}
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), 2*time.Second)
 		var resp peer.Response
 		resp, err = m.ho.cfg.Peer.Send(ctx, t.Addr, req)
 		cancel()
@@ -217,6 +243,7 @@ func (m *Manager) wakeHandoff(ctx context.Context, o *owned, c wakeup.Conn, targ
 	}
 	o.rebalance.Store(true)
 	t := ws[i]
+	cause := trace.SpanContextFromContext(ctx) // the wakeup's handling: ends before the handoff does
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.draining { // checked under m.mu: a drain waits for every goroutine started before it
@@ -230,7 +257,7 @@ func (m *Manager) wakeHandoff(ctx context.Context, o *owned, c wakeup.Conn, targ
 		}
 		defer func() { <-m.ho.sem }()
 		if o.ctx.Err() == nil {
-			m.handOff(o, t, time.Time{})
+			m.handOff(cause, o, t, time.Time{})
 		}
 	})
 	return wakeup.HandingOff, ""
@@ -274,7 +301,7 @@ func (m *Manager) drainByHandoff(ctx context.Context, list []*owned, stopBy time
 		t := ws[best]
 		wg.Go(func() {
 			defer func() { <-sem }()
-			ok := m.handOff(o, t, stopBy)
+			ok := m.handOff(trace.SpanContextFromContext(ctx), o, t, stopBy)
 			mu.Lock()
 			if ok {
 				moved++

@@ -9,9 +9,11 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // The target's side of a planned handoff (B in docs/HANDOFF.md): prepare a standby
@@ -76,9 +78,11 @@ func (m *Manager) prepare(ctx context.Context, r peer.Request) peer.Response {
 		o.cancel(fmt.Errorf("%w: %w", errStandbyGone, err))
 	})
 	o.s = gatedStream{Stream: s, gate: g}
+	m.openSession(ctx, o, true) // a child of handoff.prepare; the commit promotes it
 	m.mu.Lock()
 	if m.draining { // checked under m.mu: a drain waits for every goroutine started before it
 		m.mu.Unlock()
+		closeSession(o)
 		m.dropStandby(sb, "draining")
 		return refused("draining")
 	}
@@ -132,6 +136,7 @@ func (m *Manager) standbySession(sb *standby) {
 		delete(m.ho.standby, sb.id)
 	}
 	m.mu.Unlock()
+	defer closeSession(o)
 	if promoted {
 		m.finish(o)
 		return
@@ -220,7 +225,8 @@ func (m *Manager) promote(ctx context.Context, sb *standby, version int64, cut p
 	if err := sb.gate.Flush(ctx); err != nil {
 		m.cfg.Log.Warn("handoff: held messages not delivered yet; retried with the next write", "conn", sb.id, "err", err)
 	}
-	m.cfg.Log.Info("taken over by handoff", "conn", sb.id, "from", sb.from, "version", version, "after", cut.Seq)
+	o.span.AddEvent("committed", trace.WithAttributes(tracing.Version(version)))
+	m.cfg.Log.InfoContext(ctx, "taken over by handoff", "conn", sb.id, "from", sb.from, "version", version, "after", cut.Seq)
 	return answer(peer.Committed, ""), true
 }
 
@@ -261,7 +267,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	p := lease.Progress{LastSeq: seq, Epoch: epoch}
 	if !runnable {
 		p.Status, p.Error = "released", "handed over to a worker that is draining or fenced"
-		m.release(l, p)
+		m.release(ctx, l, p)
 		return refused("draining or fenced: released for the next owner")
 	}
 	t0 := time.Now()
@@ -283,7 +289,7 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 		// Unknown or failed: the table may still name this worker. Give it back so
 		// the reconciler finds it an owner; the release matches only this lease.
 		p.Status, p.Error = "released", "adopt not confirmed: "+err.Error()
-		m.release(l, p)
+		m.release(ctx, l, p)
 		return refused("confirm the lease: %v; released for the next owner", err)
 	}
 	l.WSURL, l.Spec = c.WSURL, c.Spec
@@ -291,11 +297,11 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	if m.draining || !m.rg.valid(nil) {
 		m.mu.Unlock()
 		p.Status, p.Error = "released", "handed over to a worker that is draining or fenced"
-		m.release(l, p)
+		m.release(ctx, l, p)
 		return refused("draining or fenced: released for the next owner")
 	}
 	delete(m.acquiring, id)
-	m.start(l, t0)
+	m.start(ctx, l, t0)
 	o := m.conns[id]
 	m.mu.Unlock()
 	m.act(o, c) // stopped or changed meanwhile: act as a checkpoint would

@@ -81,7 +81,7 @@ func (r *streamMode) reconcile(ctx context.Context) {
 			m.cfg.Metrics.PhantomsReleased.Add(1)
 			m.cfg.Log.Warn("reconcile: released a lease naming this worker, which runs no session for it",
 				"conn", id, "version", c.LeaseVersion, "why", p.Error)
-			m.release(lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, p)
+			m.release(ctx, lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, p)
 		}
 	}
 	r.phantoms = seen
@@ -156,7 +156,7 @@ func (r *streamMode) adoptDue(ctx context.Context) {
 		}
 		if rel, ok := r.phantomAction(ctx, id, c, map[string]phantomSeen{id: p}, r.phantoms); ok {
 			m.cfg.Metrics.PhantomsReleased.Add(1)
-			m.release(lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, rel)
+			m.release(ctx, lease.Lease{ID: id, Owner: m.cfg.WorkerID, Version: c.LeaseVersion}, rel)
 		}
 	}
 }

@@ -8,6 +8,9 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
+	"github.com/sockfleet/sockfleet/shared/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // regime is how this worker keeps the right to deliver what it holds, and how it
@@ -102,6 +105,10 @@ func (m *Manager) drain() error {
 	deadline := time.Now().Add(m.cfg.DrainTimeout)
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	// The root of the drain's trace (the SIGTERM): its handoffs and releases are children.
+	ctx, span := tracer.Start(ctx, "worker.drain", trace.WithAttributes(tracing.Worker(m.cfg.WorkerID),
+		tracing.Cause("drain"), attribute.Int("sockfleet.connections", len(list))))
+	defer span.End()
 	// Bounded well inside the drain: an unreachable table must not eat the time the
 	// connections need to stop.
 	rctx, rcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
@@ -112,13 +119,14 @@ func (m *Manager) drain() error {
 		// Hand off first, make-before-break, leaving time for the releases of what
 		// could not be handed off.
 		stopBy := deadline.Add(-m.cfg.ReleaseTimeout - m.cfg.SkewMargin)
-		m.cfg.Log.Info("draining by handoff", "connections", len(list), "timeout", m.cfg.DrainTimeout)
+		m.cfg.Log.InfoContext(ctx, "draining by handoff", "connections", len(list), "timeout", m.cfg.DrainTimeout)
 		hctx, hcancel := context.WithTimeout(ctx, min(5*time.Second, m.cfg.DrainTimeout/4))
 		m.drainByHandoff(hctx, list, stopBy)
 		hcancel()
 	}
 	m.cfg.Log.Info("draining", "connections", len(list), "timeout", m.cfg.DrainTimeout)
 	for _, o := range list {
+		o.stopIn(ctx)
 		o.cancel(errDraining)
 	}
 	done := make(chan struct{})

@@ -8,7 +8,11 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // One connection's session: start, stream until the context is cancelled, then
@@ -42,10 +46,12 @@ func (e unusableError) Is(target error) bool {
 
 func unusable(problem error) error { return unusableError{problem: problem} }
 
-// start begins streaming l, whose acquire began at t0. Call with m.mu held.
-func (m *Manager) start(l lease.Lease, t0 time.Time) {
+// start begins streaming l, whose acquire began at t0, its session span a child of
+// parent's span. Call with m.mu held.
+func (m *Manager) start(parent context.Context, l lease.Lease, t0 time.Time) {
 	ctx, cancel := context.WithCancelCause(m.base)
 	o := &owned{lease: l, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	m.openSession(parent, o, false)
 	o.writtenAt.Store(int64(t0.Sub(m.started)))
 	o.s = m.cfg.NewStream(l, func() bool { return m.beforeFence(o) })
 	o.written, o.writtenSeq = o.s.Status(), l.LastSeq
@@ -59,6 +65,7 @@ func (m *Manager) session(o *owned) {
 	defer close(o.done)
 	o.s.Run(o.ctx)
 	m.finish(o)
+	closeSession(o)
 }
 
 // finish ends o's session after its stream returned: it gives the lease back, hands
@@ -101,21 +108,34 @@ func (m *Manager) finish(o *owned) {
 	case errors.Is(cause, errExpelled):
 		p.Status, p.Error = "expelled", cause.Error()
 	}
-	m.release(o.lease, p)
+	m.release(stopContext(o), o.lease, p, sessionLink(o))
 }
 
 // release writes l's release on a fresh, bounded context: the cancelled one that
-// brought us here must not cut the last write short.
-func (m *Manager) release(l lease.Lease, p lease.Progress) {
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.ReleaseTimeout)
+// brought us here must not cut the last write short. Its lease.release span is a child
+// of parent's span (only its span is used), linked to links; the write carries it
+// as trace_parent, so the record it causes joins its trace.
+func (m *Manager) release(parent context.Context, l lease.Lease, p lease.Progress, links ...trace.Link) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), m.cfg.ReleaseTimeout)
 	defer cancel()
+	var ls []trace.Link
+	for _, k := range links {
+		if k.SpanContext.IsValid() {
+			ls = append(ls, k)
+		}
+	}
+	ctx, span := tracer.Start(ctx, "lease.release", leaseAttrs(l), trace.WithLinks(ls...), trace.WithAttributes(
+		tracing.Worker(m.cfg.WorkerID), attribute.String("sockfleet.status", p.Status), attribute.Int64("sockfleet.last_seq", p.LastSeq)))
+	defer span.End()
 	if err := m.rg.release(ctx, l, p); err != nil {
-		m.cfg.Log.Warn("release failed; retried after the next membership renew (stream mode), else released by the reconciler or at expiry",
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "release failed")
+		m.cfg.Log.WarnContext(ctx, "release failed; retried after the next membership renew (stream mode), else released by the reconciler or at expiry",
 			"conn", l.ID, "last_seq", p.LastSeq, "err", err)
 		return
 	}
 	m.cfg.Metrics.Releases.Add(1)
-	m.cfg.Log.Info("released", "conn", l.ID, "last_seq", p.LastSeq, "status", p.Status)
+	m.cfg.Log.InfoContext(ctx, "released", "conn", l.ID, "last_seq", p.LastSeq, "status", p.Status)
 }
 
 // fenced is the self-fence's action: it only cancels the connection's context; the

@@ -266,7 +266,7 @@ func (r *streamMode) retryReleases() {
 	r.mu.Unlock()
 	for _, p := range list {
 		r.m.cfg.Metrics.ReleaseRetries.Add(1)
-		r.m.release(p.l, p.p) // a failure puts it back
+		r.m.release(context.Background(), p.l, p.p) // a failure puts it back
 	}
 }
 

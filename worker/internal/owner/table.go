@@ -9,6 +9,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Manager owns this worker's leases: the table of owned connections (this file),
@@ -56,6 +57,9 @@ type owned struct {
 	writtenAt atomic.Int64
 
 	done chan struct{} // closed when its session has ended
+
+	span    trace.Span                        // connection.session (see trace.go)
+	stopper atomic.Pointer[trace.SpanContext] // the span that stops it, if one does (stopIn)
 
 	// Planned handoff (handoff_source.go): set once a handoff of this lease began;
 	// the target once its standby is ready (read by the session's cut-over); why it

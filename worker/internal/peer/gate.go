@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
 
@@ -51,6 +52,7 @@ type Gate struct {
 	ver   int64 // the committed lease version, stamped on every message delivered
 	skip  bool
 	held  atomic.Pointer[Position] // set while the delivered position is below the stream's
+	first bool                     // the first delivery was marked (tracing.FirstDelivery)
 }
 
 const (
@@ -92,13 +94,27 @@ func (g *Gate) Write(ctx context.Context, batch []sink.Message) error {
 	if len(out) == 0 {
 		return nil
 	}
+	start := time.Now()
 	if err := g.Sink.Write(ctx, out); err != nil {
 		return err
 	}
+	g.marked(ctx, start, out)
 	g.buf = nil
 	g.settle()
 	return nil
 }
+
+// marked marks the gate's first delivery (the new owner's, after the commit) once.
+// Call with g.mu held, after a write of batch succeeded.
+func (g *Gate) marked(ctx context.Context, start time.Time, batch []sink.Message) {
+	if g.first || len(batch) == 0 {
+		return
+	}
+	g.first = true
+	tracing.FirstDelivery(ctx, tracer, start, batch[0].Conn, g.ver, len(batch))
+}
+
+var tracer = tracing.Tracer("worker/internal/peer")
 
 // Close implements sink.Sink; the worker's sink is closed by its owner.
 func (g *Gate) Close() error { return nil }
@@ -142,9 +158,11 @@ func (g *Gate) Flush(ctx context.Context) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, t)
 	defer cancel()
+	start := time.Now()
 	if err := g.Sink.Write(wctx, g.buf); err != nil {
 		return fmt.Errorf("deliver %d held messages: %w", len(g.buf), err)
 	}
+	g.marked(ctx, start, g.buf)
 	g.buf = nil
 	g.settle()
 	return nil

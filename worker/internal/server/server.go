@@ -20,9 +20,11 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/shared/wakeup"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	"github.com/sockfleet/sockfleet/worker/internal/peer"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Owner is what the listener needs from the ownership loop.
@@ -42,6 +44,7 @@ type Handoffs interface {
 // Server serves the worker's endpoints.
 type Server struct {
 	Secret   []byte
+	Worker   string // this worker's id, on its spans
 	Owner    Owner
 	Handoffs Handoffs // nil: POST /v1/handoff is not served
 	Metrics  *metrics.Counters
@@ -80,8 +83,10 @@ func (s *Server) refuse(w http.ResponseWriter, code int, msg string, err error) 
 	http.Error(w, msg, code)
 }
 
+var tracer = tracing.Tracer("worker/internal/server")
+
 func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.authentic(w, r, wakeup.MaxBody)
+	ctx, body, ok := s.authentic(w, r, wakeup.MaxBody)
 	if !ok {
 		return // no detail for an unauthenticated caller
 	}
@@ -90,50 +95,65 @@ func (s *Server) wakeup(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusBadRequest, err.Error(), err)
 		return
 	}
+	// The server side of the reconciler's wakeup.send (its child when the request
+	// carried a signed traceparent).
+	ctx, span := tracer.Start(ctx, "wakeup.handle", trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(tracing.Worker(s.Worker)))
+	defer span.End()
 	if s.Owner.Draining() {
 		resp := wakeup.Response{V: wakeup.Version}
 		for _, c := range req.Conns {
 			resp.Results = append(resp.Results, wakeup.ConnResult{ID: c.ID, Result: wakeup.Draining})
 		}
+		wakeup.Annotate(span, req.Conns, resp.Results)
 		s.Metrics.WakeupsRefused.Add(1)
 		writeJSON(w, http.StatusServiceUnavailable, resp)
 		return
 	}
 	s.Metrics.Wakeups.Add(1)
-	resp := wakeup.Response{V: wakeup.Version, Results: s.Owner.Wake(r.Context(), req.Conns)}
+	resp := wakeup.Response{V: wakeup.Version, Results: s.Owner.Wake(ctx, req.Conns)}
+	wakeup.Annotate(span, req.Conns, resp.Results)
 	load := s.Owner.Load() // after the acquisitions: what the reconciler's next choice should see
 	resp.Load = &load
 	writeJSON(w, http.StatusOK, resp)
 }
 
 // authentic reads a signed body of at most limit bytes, answering the refusal itself
-// when it is not acceptable.
-func (s *Server) authentic(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+// when it is not acceptable. Its context carries the caller's trace context when the
+// request's signature covers it (wakeup.TraceContext).
+func (s *Server) authentic(w http.ResponseWriter, r *http.Request, limit int64) (context.Context, []byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			s.refuse(w, http.StatusRequestEntityTooLarge, "body too large", err)
-			return nil, false
+			return nil, nil, false
 		}
 		s.refuse(w, http.StatusBadRequest, "cannot read body", err)
-		return nil, false
+		return nil, nil, false
 	}
 	now := s.Now()
 	sig := r.Header.Get(wakeup.HeaderSignature)
 	if err := wakeup.Verify(s.Secret, now, r.Header.Get(wakeup.HeaderTimestamp), sig, body); err != nil {
 		s.refuse(w, http.StatusUnauthorized, "unauthorized", err)
-		return nil, false
+		return nil, nil, false
+	}
+	// Before the replay check: a copy with a tampered traceparent must not use up
+	// the signature of the genuine request.
+	ctx, err := wakeup.TraceContext(r.Context(), s.Secret, sig, r.Header)
+	if err != nil {
+		s.refuse(w, http.StatusUnauthorized, "unauthorized", err)
+		return nil, nil, false
 	}
 	if s.Replay.Seen(sig, now) {
 		s.refuse(w, http.StatusUnauthorized, "unauthorized", errors.New("replayed signature"))
-		return nil, false
+		return nil, nil, false
 	}
-	return body, true
+	return ctx, body, true
 }
 
 func (s *Server) handoff(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.authentic(w, r, peer.MaxBody)
+	ctx, body, ok := s.authentic(w, r, peer.MaxBody)
 	if !ok {
 		return
 	}
@@ -142,7 +162,7 @@ func (s *Server) handoff(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusBadRequest, err.Error(), err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.Handoffs.Handoff(r.Context(), req))
+	writeJSON(w, http.StatusOK, s.Handoffs.Handoff(ctx, req))
 }
 
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sockfleet/sockfleet/shared/tracing"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
 )
 
@@ -138,6 +139,11 @@ func (s *Stream) sinkWrite(ctx context.Context, batch []sink.Message) error {
 		}
 	}
 	s.pos.Store(&pos)
+	if s.version != 0 && !s.delivered.Load() && len(batch) > 0 {
+		// Once per stream (a standby's gate marks its own, after the commit).
+		s.delivered.Store(true)
+		tracing.FirstDelivery(ctx, tracer, start, s.id, s.version, len(batch))
+	}
 	s.cfg.Metrics.Messages.Add(int64(len(batch)))
 	s.cfg.Metrics.Bytes.Add(n)
 	return nil

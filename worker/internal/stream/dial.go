@@ -13,6 +13,11 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/tracing"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // permanentError is a failure retrying soon cannot fix.
@@ -42,19 +47,49 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 	if err := s.checkSecrets(ctx, dest); err != nil {
 		return nil, err // not dialed: no secret leaves for a host its owner did not allow
 	}
-	conn, err := s.dial(ctx, raw, dest, from, resumed, tok)
+	// Spans around the dial and the open messages until the stream first opened, as
+	// children of the connection's session span: the ownership path from the acquire
+	// to the first delivery. Later sockets (reconnects, rotations) get none: an
+	// upstream down for hours must not make a span per retry.
+	tr := tracer
+	if s.traced.Load() {
+		tr = untraced
+	}
+	dctx, span := tr.Start(ctx, "stream.dial", trace.WithAttributes(tracing.Conn(s.id),
+		attribute.String("server.address", dest), attribute.Int64("sockfleet.resume_from", from), attribute.Bool("sockfleet.resumed", resumed)))
+	conn, err := s.dial(dctx, raw, dest, from, resumed, tok)
+	endSpan(span, err)
 	if err != nil {
 		return nil, err
 	}
 	sock := &socket{conn: conn, dest: dest, from: from, resumed: resumed, opened: time.Now(), tok: tok}
 	s.sockets.Add(1)
-	if err := s.open(ctx, sock); err != nil {
+	octx, span := tr.Start(ctx, "stream.open", trace.WithAttributes(tracing.Conn(s.id),
+		attribute.Int("sockfleet.open_messages", len(s.set.spec.OpenMessages))))
+	err = s.open(octx, sock)
+	endSpan(span, err)
+	if err != nil {
 		s.cfg.Metrics.OpenFailures.Add(1)
 		s.closeSocket(sock)
 		return nil, err
 	}
 	sock.lastPong.Store(time.Now().UnixNano())
+	s.traced.Store(true)
 	return sock, nil
+}
+
+var (
+	tracer   = tracing.Tracer("worker/internal/stream")
+	untraced = noop.NewTracerProvider().Tracer("")
+)
+
+// endSpan ends span, recording err if any.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, "failed")
+	}
+	span.End()
 }
 
 // dial makes the handshake to raw (at dest): resume point, the spec's headers

@@ -7,6 +7,8 @@ import (
 	"github.com/sockfleet/sockfleet/shared/schema"
 
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // tracker decides, frame by frame, what a socket's reader queues: it numbers or
@@ -98,6 +100,9 @@ func (t *tracker) next(f frame) (sink.Message, bool, error) {
 func (t *tracker) reset(m sink.Message, seq int64) (sink.Message, bool, error) {
 	s := t.s
 	s.cfg.Metrics.SeqResets.Add(1)
+	s.sessionSpan().AddEvent("seq_reset", trace.WithAttributes(attribute.Int64("sockfleet.seq", seq),
+		attribute.Int64("sockfleet.last_seq", t.st.last), attribute.Int64("sockfleet.epoch", t.st.epoch),
+		attribute.String("sockfleet.seq_reset", string(s.set.seqReset))))
 	if s.set.seqReset == schema.SeqResetHalt {
 		return m, false, &haltError{seq: seq, last: t.st.last, from: t.sock.from}
 	}

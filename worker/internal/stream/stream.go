@@ -44,6 +44,8 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/worker/internal/sink"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrGraceful marks a cancellation cause after which messages already read are still
@@ -108,7 +110,20 @@ type Stream struct {
 	lastData atomic.Int64          // unix ns of the last data frame read
 	idle     atomic.Bool           // status says idle
 	opened   atomic.Bool           // some session got past its open messages
-	sockets  atomic.Int64          // sockets open now (2 while rotating)
+	traced   atomic.Bool           // a socket opened: later dials get no spans (dial.go)
+	// sessSpan is the connection's session span (from Run's context): rotations and
+	// sequence resets are its events, and the first delivery is marked on it once.
+	sessSpan  trace.Span
+	delivered atomic.Bool  // the first delivery was marked
+	sockets   atomic.Int64 // sockets open now (2 while rotating)
+}
+
+// sessionSpan is the connection's session span (a no-op one before Run).
+func (s *Stream) sessionSpan() trace.Span {
+	if s.sessSpan == nil {
+		return trace.SpanFromContext(context.Background())
+	}
+	return s.sessSpan
 }
 
 // GuardWith makes every sink write first ask valid, on the owner's monotonic clock,
@@ -170,6 +185,7 @@ func (s *Stream) setStatus(state string, err error) {
 // returns, every message it acknowledged is reflected in LastSeq and all its
 // goroutines have exited.
 func (s *Stream) Run(ctx context.Context) {
+	s.sessSpan = trace.SpanFromContext(ctx)
 	defer func() {
 		if s.idle.Swap(false) {
 			s.cfg.Metrics.IdleNow.Add(-1)
@@ -335,12 +351,15 @@ func (s *Stream) session(ctx context.Context) error {
 			st = sock.final
 			s.closeSocket(sock)
 			s.cfg.Metrics.Rotations.Add(1)
+			s.sessionSpan().AddEvent("rotation", trace.WithAttributes(attribute.Int64("sockfleet.last_seq", s.LastSeq())))
 			s.cfg.Metrics.Overlap.Add(-1)
 			sock = fresh
 			continue
 		}
 		if errors.Is(err, errCountedRotation) && ctx.Err() == nil {
 			s.cfg.Metrics.Rotations.Add(1) // closed and read to its end; Run dials the next
+			s.sessionSpan().AddEvent("rotation", trace.WithAttributes(attribute.Int64("sockfleet.last_seq", s.LastSeq()),
+				attribute.Bool("sockfleet.counter_mode", true)))
 		}
 		graceful := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrGraceful)
 		var cut Cutter
