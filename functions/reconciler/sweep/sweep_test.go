@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/functions/reconciler/sweep"
-	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/registry"
@@ -154,11 +153,14 @@ func TestSweep(t *testing.T) {
 	}
 
 	// A host's connect-quota item, counted and held: scanned, and left alone.
-	q := &connquota.Store{DB: f.e.DB, Table: f.e.Table}
-	if _, err := q.Admit(ctx, "stream.example.com", 10, time.Minute, now); err != nil {
-		t.Fatal(err)
-	}
-	if err := q.Hold(ctx, "stream.example.com", now.Add(time.Hour), now); err != nil {
+	// (Its shape: worker/internal/connquota, docs/CONNECTIONS.md.)
+	if _, err := f.e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &f.e.Table, Item: map[string]types.AttributeValue{
+		schema.AttrPK:           codec.S(schema.QuotaKey("stream.example.com")),
+		schema.AttrQuotaWindow:  codec.N(now.Truncate(time.Minute).UnixMilli()),
+		schema.AttrQuotaDials:   codec.N(3),
+		schema.AttrBlockedUntil: codec.N(now.Add(time.Hour).UnixMilli()),
+		schema.AttrTTL:          codec.N(now.Add(3 * time.Hour).Unix()),
+	}}); err != nil {
 		t.Fatal(err)
 	}
 	quotaItem := f.get(t, schema.QuotaKey("stream.example.com"))

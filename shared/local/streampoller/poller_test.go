@@ -14,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
-	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -128,16 +127,7 @@ func TestDeliversWhatLambdaWouldAndFilters(t *testing.T) {
 		t.Errorf("record not as Lambda would pass it: %+v", got)
 	}
 	heartbeat(t, e, "owned", time.Now().Add(2*time.Minute).UnixMilli()) // filtered out
-	// A dial's connect-quota write (INSERT of QUOTA#host) and a 429 hold (MODIFY):
-	// filtered out, or every dial would invoke the reconciler.
-	q := &connquota.Store{DB: e.DB, Table: e.Table}
-	if v, err := q.Admit(context.Background(), "stream.example.com", 10, time.Minute, time.Now()); err != nil || !v.Admitted {
-		t.Fatalf("quota admit: %+v, %v", v, err)
-	}
-	if err := q.Hold(context.Background(), "stream.example.com", time.Now().Add(7*time.Second), time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	put(t, e, started("fresh")) // passes
+	put(t, e, started("fresh"))                                         // passes
 	got = rec.next(t)
 	if k := got.Change.Keys[schema.AttrPK].String(); k != "CONN#fresh" {
 		t.Fatalf("got %s %s: the heartbeat was not filtered", got.EventName, k)
@@ -146,8 +136,8 @@ func TestDeliversWhatLambdaWouldAndFilters(t *testing.T) {
 	if p.Invocations() != 2 {
 		t.Errorf("invocations %d, want 2", p.Invocations())
 	}
-	if p.Records() != 5 {
-		t.Errorf("records read %d, want 5", p.Records())
+	if p.Records() != 3 {
+		t.Errorf("records read %d, want 3", p.Records())
 	}
 }
 

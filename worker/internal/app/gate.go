@@ -3,7 +3,7 @@ package app
 import (
 	"log/slog"
 
-	"github.com/sockfleet/sockfleet/shared/connquota"
+	"github.com/sockfleet/sockfleet/worker/internal/connquota"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 	wstream "github.com/sockfleet/sockfleet/worker/internal/stream"
 )

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
-	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/worker/internal/connquota"
 )
 
 var quotaWorkers = flag.Int("quota.workers", 5, "workers sharing the connect quota through the table in BenchmarkFleetQuotaFailover")

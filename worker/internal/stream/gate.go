@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/connquota"
 	"github.com/sockfleet/sockfleet/worker/internal/metrics"
 )
 

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/connquota"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/worker/internal/connquota"
 )
 
 func TestMain(m *testing.M) { ddbtest.Main(m) }

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sockfleet/sockfleet/shared/connquota"
+	"github.com/sockfleet/sockfleet/worker/internal/connquota"
 )
 
 // MaxRetryAfter bounds the pause a Retry-After can ask for (connquota.MaxHold).
