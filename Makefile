@@ -13,6 +13,11 @@ DEPLOY_TOOLS := .tools/deploy/node_modules/.installed
 # locally. Built from the Go module proxy at a pinned version.
 RIE         := .tools/bin/aws-lambda-rie
 RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
+# Jaeger, the local trace backend of `make run` and the fleet tests: cmd/jaeger built
+# from a Go module of its own (.tools/jaeger/go.mod pins the version), so the
+# project's go.mod carries none of its dependencies. A cold build (modules not yet
+# downloaded, empty build cache) takes a few minutes; after that it is cached.
+JAEGER      := .tools/bin/jaeger
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
 .PHONY: all tools local-tools deploy-tools local-bin build run test vet fmt-check unit bench clean template
@@ -30,8 +35,11 @@ $(DEPLOY_TOOLS): .tools/deploy/package.json .tools/deploy/package-lock.json
 $(RIE):
 	GOBIN=$(CURDIR)/.tools/bin $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
 
-# The local engines and the Lambda emulator: what `make run` and the Go tests need.
-local-tools: $(LOCAL_TOOLS) $(RIE)
+$(JAEGER): .tools/jaeger/go.mod .tools/jaeger/go.sum
+	cd .tools/jaeger && $(GO) build -o $(CURDIR)/$(JAEGER) github.com/jaegertracing/jaeger/cmd/jaeger
+
+# The local engines, the Lambda emulator and Jaeger: what `make run` and the Go tests need.
+local-tools: $(LOCAL_TOOLS) $(RIE) $(JAEGER)
 # The CDK CLI: all the deploy path needs from npm.
 deploy-tools: $(DEPLOY_TOOLS)
 tools: local-tools deploy-tools
