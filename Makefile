@@ -75,7 +75,7 @@ unit: local-tools template
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 bench: local-tools template
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench -tracing both && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
 
 clean:
 	rm -rf bin cdk.out .local
