@@ -98,11 +98,19 @@ func Start(o Options) (*Proc, error) {
 func start(o Options) (*Proc, error) {
 	ports := []int{o.OTLPPort, o.QueryPort, 0} // the third: the query gRPC port, unused here
 	for i, p := range ports {
-		if p == 0 {
-			var err error
-			if ports[i], err = freePort(); err != nil {
-				return nil, err
+		if p != 0 {
+			// Refuse a fixed port in use here: the readiness check below would take
+			// whoever serves it for this Jaeger.
+			l, err := net.Listen("tcp", loopback(p))
+			if err != nil {
+				return nil, fmt.Errorf("port %d: %w", p, err)
 			}
+			l.Close()
+			continue
+		}
+		var err error
+		if ports[i], err = freePort(); err != nil {
+			return nil, err
 		}
 	}
 	dir, err := os.MkdirTemp("", "sockfleet-jaeger")
@@ -148,6 +156,8 @@ func Config(otlpPort, queryPort, queryGRPCPort, maxTraces int) string {
       exporters: [jaeger_storage_exporter]
   telemetry:
     metrics:
+      level: none
+    traces:
       level: none
     logs:
       level: warn
