@@ -16,6 +16,8 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -57,6 +59,7 @@ type options struct {
 	template                string // the template; "": cdk.out's, found upward
 	tracing                 bool   // run Jaeger and have every process export spans to it
 	jaegerPort, otlpPort    int    // Jaeger's UI and query API, and its OTLP/HTTP receiver
+	viewerPort              int    // the connection trace pages (jaeger.Viewer)
 	jaegerBin               string
 }
 
@@ -98,6 +101,7 @@ func main() {
 	flag.BoolVar(&o.tracing, "tracing", true, "run Jaeger (in memory) and have the workers and the reconciler export their spans to it; -tracing=false: no spans")
 	flag.IntVar(&o.jaegerPort, "jaeger-port", jaeger.DefaultQueryPort, "port of the Jaeger UI and query API (0: a free one)")
 	flag.IntVar(&o.otlpPort, "otlp-port", jaeger.DefaultOTLPPort, "port of Jaeger's OTLP/HTTP receiver (0: a free one)")
+	flag.IntVar(&o.viewerPort, "traces-port", 16687, "port of the trace pages: /conn/ID is a connection's most recent ownership trace (0: a free one)")
 	flag.StringVar(&o.jaegerBin, "jaeger", "", "the Jaeger binary; default: .tools/bin/jaeger in this folder or a parent (make local-tools builds it)")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -158,9 +162,12 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		return err
 	}
 	defer traces.Stop()
-	otlp := ""
+	otlp, viewer := "", ""
 	if traces != nil {
 		otlp = traces.OTLPEndpoint
+		if viewer, err = serveViewer(ctx, traces, o.viewerPort); err != nil {
+			return err
+		}
 	}
 	logFile, err := os.Create(filepath.Join(o.dir, "logs", "dynoxide.log"))
 	if err != nil {
@@ -264,7 +271,7 @@ In another terminal:
   .local/bin/sockfleet %[16]s   # what was delivered
 %[17]s`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
 		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, networkState(network, st), workerBin, tailHint,
-		tracingNote, traceHint(traces))
+		tracingNote, traceHint(traces, viewer))
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
@@ -292,16 +299,34 @@ func startTracing(o options) (*jaeger.Proc, string, error) {
 	return j, fmt.Sprintf("Jaeger UI %s (in memory), spans received at %s/v1/traces; -tracing=false turns it off", j.UI, j.OTLPEndpoint), nil
 }
 
-// traceHint is the banner's last lines with tracing on: the search that lists a
-// connection's ownership traces, most recent first.
-func traceHint(j *jaeger.Proc) string {
+// traceHint is the banner's last lines with tracing on: the page of a connection's
+// most recent ownership trace, and the query that lists them all.
+func traceHint(j *jaeger.Proc, viewer string) string {
 	if j == nil {
 		return ""
 	}
+	tags := map[string]string{"sockfleet.conn": "demo-1"}
 	return fmt.Sprintf(`
-demo-1's ownership traces, most recent first (put any connection id in place of demo-1):
+demo-1's most recent ownership trace (put any connection id in place of demo-1):
   %s
-`, jaeger.SearchURL(j.UI, fleet.WorkerService, map[string]string{"sockfleet.conn": "demo-1"}))
+all of them, most recent first, from Jaeger's query API (the search page of a Jaeger UI build):
+  %s
+  %s
+`, jaeger.ConnURL(viewer, "demo-1"), jaeger.QueryURL(j.UI, fleet.WorkerService, tags), jaeger.SearchURL(j.UI, fleet.WorkerService, tags))
+}
+
+// serveViewer serves the trace pages on 127.0.0.1:port until ctx ends, and returns
+// their base URL.
+func serveViewer(ctx context.Context, j *jaeger.Proc, port int) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return "", fmt.Errorf("trace pages: %w (pass -traces-port, or -tracing=false)", err)
+	}
+	v := &jaeger.Viewer{Client: j.Client(), Services: []string{fleet.WorkerService, fleet.ReconcilerService}}
+	srv := &http.Server{Handler: v.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return "http://" + l.Addr().String(), nil
 }
 
 // workerPorts says where the workers listen.

@@ -155,7 +155,8 @@ func TestTwoFleetsRunSideBySide(t *testing.T) {
 	// Inherited by this process, and so once by the workers; never again.
 	t.Setenv(schema.EnvMaxConnections, "1")
 	// a as `make run` has it, with Jaeger (on free ports); b with -tracing=false.
-	a := startLocalWith(t, bins, func(o *options) { o.tracing, o.jaegerPort, o.otlpPort = true, 0, 0 }, schema.EnvMaxConnections+"=7")
+	a := startLocalWith(t, bins, func(o *options) { o.tracing, o.jaegerPort, o.otlpPort, o.viewerPort = true, 0, 0, 0 },
+		schema.EnvMaxConnections+"=7")
 	b := startLocal(t, bins)
 	ctx := context.Background()
 
@@ -184,6 +185,14 @@ func TestTwoFleetsRunSideBySide(t *testing.T) {
 		t.Errorf("the banner does not give the Jaeger UI and a connection's search link:\n%s", a.out.String())
 	} else if resp, err := http.Get(ui[1] + "/api/services"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("the banner's Jaeger at %s does not answer: %v", ui[1], err)
+	} else {
+		resp.Body.Close()
+	}
+	// The trace page of a connection answers: its trace, or a 404 saying there is none yet.
+	if page := regexp.MustCompile(`(http://127\.0\.0\.1:\d+/conn/demo-1)\n`).FindStringSubmatch(a.out.String()); page == nil {
+		t.Errorf("the banner does not give demo-1's trace page:\n%s", a.out.String())
+	} else if resp, err := http.Get(page[1]); err != nil || (resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNotFound) {
+		t.Errorf("demo-1's trace page %s: %v %v", page[1], resp, err)
 	} else {
 		resp.Body.Close()
 	}

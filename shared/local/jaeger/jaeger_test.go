@@ -3,6 +3,9 @@ package jaeger_test
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
@@ -117,11 +120,40 @@ func TestSpansRoundTrip(t *testing.T) {
 	if _, err := c.Trace(ctx, strings.Repeat("ab", 16)); err == nil {
 		t.Error("a trace id never sent was found")
 	}
+	// The viewer: a connection's page shows its trace, both services' spans, with
+	// attributes and events; an unknown connection is a 404.
+	srv := httptest.NewServer((&jaeger.Viewer{Client: c, Services: []string{"test-reconciler", "test-worker"}}).Handler())
+	defer srv.Close()
+	body := get(t, jaeger.ConnURL(srv.URL, "c-1"), http.StatusOK)
+	for _, want := range []string{tr.TraceID, "wakeup.send", "wakeup.handle", "test-reconciler", "sockfleet.version=7", "first_delivery",
+		`href="/trace/` + linked.TraceID().String()} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the page of c-1 lacks %q:\n%s", want, body)
+		}
+	}
+	if body := get(t, srv.URL+"/trace/"+tr.TraceID, http.StatusOK); !strings.Contains(body, "wakeup.handle") {
+		t.Errorf("the trace page lacks its spans:\n%s", body)
+	}
+	get(t, jaeger.ConnURL(srv.URL, "nope"), http.StatusNotFound)
 	// Another service's spans do not match.
 	none, err := c.Traces(ctx, jaeger.Query{Service: "test-worker", Tags: map[string]string{"sockfleet.conn": "c-2"}})
 	if err != nil || len(none) != 0 {
 		t.Errorf("sockfleet.conn=c-2: %d traces, %v; want none", len(none), err)
 	}
+}
+
+func get(t *testing.T, url string, status int) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Errorf("GET %s: %s, want %d: %s", url, resp.Status, status, b)
+	}
+	return string(b)
 }
 
 func TestQueryNeedsAService(t *testing.T) {

@@ -199,5 +199,16 @@ func SearchURL(ui, service string, tags map[string]string) string {
 	return ui + "/search?" + v.Encode()
 }
 
+// QueryURL is the query API's answer to the same search as SearchURL: the traces
+// as JSON, most recent first, which a browser shows as it is.
+func QueryURL(ui, service string, tags map[string]string) string {
+	v := url.Values{"service": {service}, "limit": {"20"}} // over Jaeger's default lookback, 2 days
+	if len(tags) > 0 {
+		b, _ := json.Marshal(tags) // a map of strings always encodes
+		v.Set("tags", string(b))
+	}
+	return ui + "/api/traces?" + v.Encode()
+}
+
 // TraceURL is the Jaeger UI page of one trace.
 func TraceURL(ui, traceID string) string { return ui + "/trace/" + url.PathEscape(traceID) }
