@@ -258,7 +258,7 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   sinks             %s
   IAM               %s
   network rules     %s
-  traces            %s
+  traces            %[17]s
 
 In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
@@ -269,7 +269,7 @@ In another terminal:
   .local/bin/sockfleet conn start demo-1
   kill -9 $(pgrep -f '^%[15]s' | head -1)   # failover: watch the owners change
   .local/bin/sockfleet %[16]s   # what was delivered
-%[17]s`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
+%[18]s`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
 		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, networkState(network, st), workerBin, tailHint,
 		tracingNote, traceHint(traces, viewer))
 	<-ctx.Done()
