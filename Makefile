@@ -16,7 +16,8 @@ RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
 # Jaeger, the local trace backend of `make run` and the fleet tests: cmd/jaeger built
 # from a Go module of its own (.tools/jaeger/go.mod pins the version), so the
 # project's go.mod carries none of its dependencies. A cold build (modules not yet
-# downloaded, empty build cache) takes a few minutes; after that it is cached.
+# downloaded, empty build cache) is about 15 CPU-minutes (README, Prerequisites);
+# after that Go's build cache makes it seconds.
 JAEGER      := .tools/bin/jaeger
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
