@@ -13,6 +13,12 @@ DEPLOY_TOOLS := .tools/deploy/node_modules/.installed
 # locally. Built from the Go module proxy at a pinned version.
 RIE         := .tools/bin/aws-lambda-rie
 RIE_VERSION := v0.0.0-20261030222936-bef5c4ba774d
+# Jaeger, the local trace backend of `make run` and the fleet tests: cmd/jaeger built
+# from a Go module of its own (.tools/jaeger/go.mod pins the version), so the
+# project's go.mod carries none of its dependencies. A cold build (modules not yet
+# downloaded, empty build cache) is about 15 CPU-minutes (README, Prerequisites);
+# after that Go's build cache makes it seconds.
+JAEGER      := .tools/bin/jaeger
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION = 20
 
 .PHONY: all tools local-tools deploy-tools local-bin build run test vet fmt-check unit bench clean template
@@ -30,8 +36,11 @@ $(DEPLOY_TOOLS): .tools/deploy/package.json .tools/deploy/package-lock.json
 $(RIE):
 	GOBIN=$(CURDIR)/.tools/bin $(GO) install github.com/aws/aws-lambda-runtime-interface-emulator/cmd/aws-lambda-rie@$(RIE_VERSION)
 
-# The local engines and the Lambda emulator: what `make run` and the Go tests need.
-local-tools: $(LOCAL_TOOLS) $(RIE)
+$(JAEGER): .tools/jaeger/go.mod .tools/jaeger/go.sum
+	cd .tools/jaeger && $(GO) build -o $(CURDIR)/$(JAEGER) github.com/jaegertracing/jaeger/cmd/jaeger
+
+# The local engines, the Lambda emulator and Jaeger: what `make run` and the Go tests need.
+local-tools: $(LOCAL_TOOLS) $(RIE) $(JAEGER)
 # The CDK CLI: all the deploy path needs from npm.
 deploy-tools: $(DEPLOY_TOOLS)
 tools: local-tools deploy-tools
@@ -67,7 +76,7 @@ unit: local-tools template
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 bench: local-tools template
-	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
+	$(GO) test -run '^$$' -bench . -benchtime 2s ./shared/... ./worker/... && $(GO) run ./cmd/worker-bench -tracing both && $(GO) run ./cmd/sockfleet-bench && $(GO) run ./cmd/sockfleet-bench -deploy && $(GO) run ./cmd/sockfleet-bench -deploy -deploy-conns 200 -deploy-rate 10 -deploy-rtt 20ms && $(GO) run ./cmd/sockfleet-bench -rebalance 300
 
 clean:
 	rm -rf bin cdk.out .local

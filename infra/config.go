@@ -33,6 +33,7 @@ const (
 	// to the KEYS_ONLY one, for the first of the two deploys that move a deployed
 	// table (docs/MEMBERSHIP.md, "Moving a deployed table").
 	ctxLegacyIndex = "keepLegacyRegistryIndex"
+	// ctxTracing (tracing.go) turns the export of spans to X-Ray on (the default) or off.
 )
 
 // Values of the kinesisStream knob besides a stream ARN: KinesisCreate (the default)
@@ -83,6 +84,9 @@ type Config struct {
 	// one GSI per update, so a stack deployed before the registry index became
 	// KEYS_ONLY adds the new index with this set, then drops the old one without it.
 	KeepLegacyRegistryIndex bool
+	// Tracing exports the workers' and the reconciler's spans to X-Ray (tracing.go);
+	// false: no collector, no grant, no OTEL_* settings.
+	Tracing bool
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -102,6 +106,7 @@ func DefaultConfig() Config {
 		KinesisStream:         KinesisCreate,
 		SecretsPrefix:         "sockfleet/connections/",
 		NatGateways:           MaxAZs,
+		Tracing:               true,
 	}
 }
 
@@ -276,6 +281,13 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 			errs = append(errs, fmt.Errorf("context %s: %v is not a string", ctxSecretsPrefix, v))
 		}
 		c.SecretsPrefix = strings.TrimSpace(s)
+	}
+	if v := get(ctxTracing); v != nil {
+		b, err := toBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %w", ctxTracing, err))
+		}
+		c.Tracing = b
 	}
 	if v := get(ctxLegacyIndex); v != nil {
 		b, err := toBool(v)

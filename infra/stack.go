@@ -312,6 +312,9 @@ func newReconciler(stack awscdk.Stack, p reconcilerProps) awslambda.Function {
 		Actions:   jsii.Strings("secretsmanager:GetSecretValue"),
 		Resources: jsii.Strings(*p.secret.SecretArn()),
 	}))
+	if p.cfg.Tracing {
+		addReconcilerTracing(stack, fn)
+	}
 
 	// The stream trigger. Filters drop heartbeats before they can invoke anything;
 	// they are rendered from the same patterns the local stream poller applies.
@@ -514,6 +517,12 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		env[schema.EnvSink] = awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("kinesis:"), p.sinkRef})
 	}
 
+	if cfg.Tracing {
+		for k, v := range tracingEnv("sockfleet-worker") {
+			env[k] = v
+		}
+	}
+
 	logs := awslogs.NewLogGroup(stack, jsii.String("WorkerLogs"), &awslogs.LogGroupProps{
 		Retention:     p.retention,
 		RemovalPolicy: awscdk.RemovalPolicy_DESTROY,
@@ -549,6 +558,10 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		StopTimeout: awscdk.Duration_Seconds(jsii.Number(stopTimeoutSeconds)),
 		Logging:     workerLogDriver(logs, p.sink == nil),
 	})
+	// After the worker, which stays the task's first container.
+	if cfg.Tracing {
+		addWorkerTracing(stack, task, logs)
+	}
 
 	service := awsecs.NewFargateService(stack, jsii.String("WorkerService"), &awsecs.FargateServiceProps{
 		Cluster:        p.cluster,

@@ -406,7 +406,7 @@ func TestReconcilerFunction(t *testing.T) {
 		}))
 	})
 	_, fn := only(t, j, "AWS::Lambda::Function", func(p obj) bool { return p["Handler"] == "bootstrap" })
-	wantSame(t, "reconciler environment", path(fn, "Environment", "Variables"), obj{
+	wantSame(t, "reconciler environment", withoutTracing(path(fn, "Environment", "Variables")), obj{
 		schema.EnvTable:                ref(x.table),
 		schema.EnvWakeupSecretARN:      ref(x.secret),
 		schema.EnvClusterARN:           getAtt(x.cluster, "Arn"),
@@ -567,11 +567,12 @@ func TestIAMLeastPrivilege(t *testing.T) {
 	wantSame(t, "worker task role actions", actionSet(roles[x.taskRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
 		"dynamodb:UpdateItem", "kinesis:ListShards", "kinesis:PutRecord", "kinesis:PutRecords", "secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue",
+		"xray:PutSpans", "xray:PutSpansForIndexing",
 	})
 	wantSame(t, "reconciler actions", actionSet(roles[x.reconcilerRole]), []string{
 		"dynamodb:BatchGetItem", "dynamodb:DeleteItem", "dynamodb:DescribeStream", "dynamodb:GetItem", "dynamodb:GetRecords",
 		"dynamodb:GetShardIterator", "dynamodb:ListStreams", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:Scan",
-		"dynamodb:UpdateItem", "secretsmanager:GetSecretValue", "sns:Publish",
+		"dynamodb:UpdateItem", "secretsmanager:GetSecretValue", "sns:Publish", "xray:PutSpans", "xray:PutSpansForIndexing",
 	})
 	for _, a := range actionSet(roles[x.execRole]) {
 		switch a {
@@ -617,6 +618,10 @@ func TestIAMLeastPrivilege(t *testing.T) {
 				// The default sink's stream: TestKinesisSinkCreated checks the resource.
 			case slices.Contains(s.actions, "sns:Publish"):
 				wantSame(t, role+" topic resource", s.resource, ref(x.failureTopic))
+			case slices.Contains(s.actions, "xray:PutSpans"):
+				// X-Ray has no resource-level permissions (tracing.go).
+				wantSame(t, role+" X-Ray actions", s.actions, xrayWrite)
+				wantSame(t, role+" X-Ray resource", s.resource, "*")
 			default:
 				t.Errorf("%s: unexpected statement %v", role, s.actions)
 			}
@@ -665,7 +670,7 @@ func TestWorkerTask(t *testing.T) {
 		tpl.HasResourceProperties(jsii.String("AWS::ECS::TaskDefinition"), assertions.Match_ObjectLike(&map[string]any{
 			"RequiresCompatibilities": []any{"FARGATE"},
 			"RuntimePlatform":         obj{"CpuArchitecture": "ARM64", "OperatingSystemFamily": "LINUX"},
-			"ContainerDefinitions": []any{assertions.Match_ObjectLike(&map[string]any{
+			"ContainerDefinitions": assertions.Match_ArrayWith(&[]any{assertions.Match_ObjectLike(&map[string]any{
 				"Name":      schema.WorkerContainer, // the name the task-stopped rule and handler match
 				"Essential": true,
 				"HealthCheck": assertions.Match_ObjectLike(&map[string]any{
@@ -674,7 +679,7 @@ func TestWorkerTask(t *testing.T) {
 				"StopTimeout":  120,
 				"PortMappings": []any{assertions.Match_ObjectLike(&map[string]any{"ContainerPort": schema.DefaultWakeupPort, "Protocol": "tcp"})},
 				"Secrets":      []any{obj{"Name": schema.EnvWakeupSecret, "ValueFrom": ref(x.secret)}},
-			})},
+			})}),
 		}))
 	})
 	_, task := only(t, j, "AWS::ECS::TaskDefinition", nil)
@@ -692,6 +697,10 @@ func TestWorkerTask(t *testing.T) {
 		schema.EnvSkewMargin:     "2s",
 		schema.EnvDrainTimeout:   "60s",
 		schema.EnvServiceName:    stackName + "-worker",
+		// Tracing (on by default): spans to the collector sidecar.
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318",
+		"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+		"OTEL_SERVICE_NAME":           "sockfleet-worker",
 		// The default sink: the stream the stack creates.
 		schema.EnvSink: obj{"Fn::Join": []any{"", []any{"kinesis:", ref(onlyID(t, j, "AWS::Kinesis::Stream"))}}},
 	})

@@ -16,6 +16,8 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/cdkout"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -34,6 +36,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/jaeger"
 	"github.com/sockfleet/sockfleet/shared/local/kinesalite"
 	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/local/netrules"
@@ -54,6 +57,10 @@ type options struct {
 	iam                     bool   // enforce the synthesized stack's IAM policies
 	network                 bool   // enforce the template's security group rules
 	template                string // the template; "": cdk.out's, found upward
+	tracing                 bool   // run Jaeger and have every process export spans to it
+	jaegerPort, otlpPort    int    // Jaeger's UI and query API, and its OTLP/HTTP receiver
+	viewerPort              int    // the connection trace pages (jaeger.Viewer)
+	jaegerBin               string
 }
 
 // envList is a repeatable NAME=VALUE flag.
@@ -91,6 +98,11 @@ func main() {
 		"the workers and the reconciler, refusing (and logging) what AWS would drop")
 	flag.StringVar(&o.template, "template", "", "the template whose network rules to enforce; default: cdk.out/"+
 		netrules.DefaultStack+".template.json in this folder or a parent (make run synthesizes it)")
+	flag.BoolVar(&o.tracing, "tracing", true, "run Jaeger (in memory) and have the workers and the reconciler export their spans to it; -tracing=false: no spans")
+	flag.IntVar(&o.jaegerPort, "jaeger-port", jaeger.DefaultQueryPort, "port of the Jaeger UI and query API (0: a free one)")
+	flag.IntVar(&o.otlpPort, "otlp-port", jaeger.DefaultOTLPPort, "port of Jaeger's OTLP/HTTP receiver (0: a free one)")
+	flag.IntVar(&o.viewerPort, "traces-port", 16687, "port of the trace pages: /conn/ID is a connection's most recent ownership trace (0: a free one)")
+	flag.StringVar(&o.jaegerBin, "jaeger", "", "the Jaeger binary; default: .tools/bin/jaeger in this folder or a parent (make local-tools builds it)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "sockfleet-local: unexpected arguments %q (worker settings go in -worker-env NAME=VALUE)\n", flag.Args())
@@ -143,6 +155,19 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 	}
 	if err := os.MkdirAll(filepath.Join(o.dir, "logs"), 0o755); err != nil {
 		return err
+	}
+	// The trace backend first, so the first spans of every process have somewhere to go.
+	traces, tracingNote, err := startTracing(o)
+	if err != nil {
+		return err
+	}
+	defer traces.Stop()
+	otlp, viewer := "", ""
+	if traces != nil {
+		otlp = traces.OTLPEndpoint
+		if viewer, err = serveViewer(ctx, traces, o.viewerPort); err != nil {
+			return err
+		}
 	}
 	logFile, err := os.Create(filepath.Join(o.dir, "logs", "dynoxide.log"))
 	if err != nil {
@@ -212,8 +237,9 @@ func run(ctx context.Context, o options, out io.Writer, log *slog.Logger) error 
 		Bootstrap: abs(filepath.Join(o.bin, "bootstrap")), RIE: abs(o.rie), LambdaAddr: o.lambdaAddr,
 		ReconcilerEnv: []string{schema.EnvSweepPeriod + "=" + o.sweep.String()},
 		SweepEvery:    o.sweep, Log: log,
-		WorkerEnv: workerEnv,
-		Network:   network,
+		WorkerEnv:    workerEnv,
+		Network:      network,
+		OTLPEndpoint: otlp,
 	})
 	if err != nil {
 		return err
@@ -232,6 +258,7 @@ sockfleet is running locally (Ctrl-C drains the workers and stops everything)
   sinks             %s
   IAM               %s
   network rules     %s
+  traces            %[17]s
 
 In another terminal:
   export AWS_ENDPOINT_URL_DYNAMODB=%[1]s AWS_ENDPOINT_URL_DYNAMODB_STREAMS=%[1]s
@@ -242,13 +269,64 @@ In another terminal:
   .local/bin/sockfleet conn start demo-1
   kill -9 $(pgrep -f '^%[15]s' | head -1)   # failover: watch the owners change
   .local/bin/sockfleet %[16]s   # what was delivered
-`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
-		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, networkState(network, st), workerBin, tailHint)
+%[18]s`, engine.Endpoint, dbPath, o.table, seeded, up.Addr(), st.Lambda.Addr(), st.Lambda.RuntimeAPIAddr(),
+		workerPorts(st, o.workers), o.dir, workerSettings(o.workerEnv), o.sweep, sinks, iamNote, networkState(network, st), workerBin, tailHint,
+		tracingNote, traceHint(traces, viewer))
 	<-ctx.Done()
 	log.Info("stopping: draining workers")
 	st.Stop()
 	log.Info("stopped")
 	return nil
+}
+
+// startTracing starts Jaeger unless -tracing=false, and says in the banner's words
+// where the traces are.
+func startTracing(o options) (*jaeger.Proc, string, error) {
+	if !o.tracing {
+		return nil, "off (-tracing=false): no process exports spans", nil
+	}
+	log, err := os.Create(filepath.Join(o.dir, "logs", "jaeger.log"))
+	if err != nil {
+		return nil, "", err
+	}
+	// Jaeger writes to its log file as long as it runs; the descriptor is its own.
+	defer log.Close()
+	j, err := jaeger.Start(jaeger.Options{Bin: o.jaegerBin, OTLPPort: o.otlpPort, QueryPort: o.jaegerPort, Log: log})
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (is another `make run` using ports %d and %d? pass -jaeger-port and -otlp-port, or -tracing=false)",
+			err, o.jaegerPort, o.otlpPort)
+	}
+	return j, fmt.Sprintf("Jaeger UI %s (in memory), spans received at %s/v1/traces; -tracing=false turns it off", j.UI, j.OTLPEndpoint), nil
+}
+
+// traceHint is the banner's last lines with tracing on: the page of a connection's
+// most recent ownership trace, and the query that lists them all.
+func traceHint(j *jaeger.Proc, viewer string) string {
+	if j == nil {
+		return ""
+	}
+	tags := map[string]string{"sockfleet.conn": "demo-1"}
+	return fmt.Sprintf(`
+demo-1's most recent ownership trace (put any connection id in place of demo-1):
+  %s
+all of them, most recent first, from Jaeger's query API (the search page of a Jaeger UI build):
+  %s
+  %s
+`, jaeger.ConnURL(viewer, "demo-1"), jaeger.QueryURL(j.UI, fleet.WorkerService, tags), jaeger.SearchURL(j.UI, fleet.WorkerService, tags))
+}
+
+// serveViewer serves the trace pages on 127.0.0.1:port until ctx ends, and returns
+// their base URL.
+func serveViewer(ctx context.Context, j *jaeger.Proc, port int) (string, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return "", fmt.Errorf("trace pages: %w (pass -traces-port, or -tracing=false)", err)
+	}
+	v := &jaeger.Viewer{Client: j.Client(), Services: []string{fleet.WorkerService, fleet.ReconcilerService}}
+	srv := &http.Server{Handler: v.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return "http://" + l.Addr().String(), nil
 }
 
 // workerPorts says where the workers listen.

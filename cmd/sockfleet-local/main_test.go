@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -152,7 +154,9 @@ func TestTwoFleetsRunSideBySide(t *testing.T) {
 	bins := binaries(t)
 	// Inherited by this process, and so once by the workers; never again.
 	t.Setenv(schema.EnvMaxConnections, "1")
-	a := startLocal(t, bins, schema.EnvMaxConnections+"=7")
+	// a as `make run` has it, with Jaeger (on free ports); b with -tracing=false.
+	a := startLocalWith(t, bins, func(o *options) { o.tracing, o.jaegerPort, o.otlpPort, o.viewerPort = true, 0, 0, 0 },
+		schema.EnvMaxConnections+"=7")
 	b := startLocal(t, bins)
 	ctx := context.Background()
 
@@ -173,6 +177,27 @@ func TestTwoFleetsRunSideBySide(t *testing.T) {
 		if out := f.out.String(); !strings.Contains(out, "network rules     the security groups of ") {
 			t.Errorf("the banner does not say the network rules are enforced:\n%s", out)
 		}
+	}
+	// The banner names a's Jaeger, which answers, and the search link of a
+	// connection; b says tracing is off.
+	ui := regexp.MustCompile(`Jaeger UI (http://127\.0\.0\.1:\d+) `).FindStringSubmatch(a.out.String())
+	if ui == nil || !strings.Contains(a.out.String(), ui[1]+"/search?") || !strings.Contains(a.out.String(), "sockfleet.conn") {
+		t.Errorf("the banner does not give the Jaeger UI and a connection's search link:\n%s", a.out.String())
+	} else if resp, err := http.Get(ui[1] + "/api/services"); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("the banner's Jaeger at %s does not answer: %v", ui[1], err)
+	} else {
+		resp.Body.Close()
+	}
+	// The trace page of a connection answers: its trace, or a 404 saying there is none yet.
+	if page := regexp.MustCompile(`(http://127\.0\.0\.1:\d+/conn/demo-1)\n`).FindStringSubmatch(a.out.String()); page == nil {
+		t.Errorf("the banner does not give demo-1's trace page:\n%s", a.out.String())
+	} else if resp, err := http.Get(page[1]); err != nil || (resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusNotFound) {
+		t.Errorf("demo-1's trace page %s: %v %v", page[1], resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if out := b.out.String(); !strings.Contains(out, "traces            off (-tracing=false)") || strings.Contains(out, "Jaeger UI") {
+		t.Errorf("-tracing=false, yet the banner says otherwise:\n%s", out)
 	}
 	for _, tc := range []struct {
 		f    *localFleet

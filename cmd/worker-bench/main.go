@@ -5,6 +5,9 @@
 //     VmRSS with N idle streaming connections, less its VmRSS with none, over N;
 //   - messages per second one worker delivers to a file sink, with the upstream
 //     sending as fast as the worker reads;
+//   - with -tracing both, the two above with tracing off and on side by side: on,
+//     the worker exports its spans over OTLP/HTTP to a local Jaeger (a real
+//     receiver), as `make run` has it;
 //   - the same to Kinesis Data Streams on kinesalite next to the file sink, the
 //     latency from the upstream's send to the Kinesis record, and a 10 s Kinesis
 //     stall: leases renewed through it, renew failures, memory, backpressure.
@@ -30,6 +33,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +44,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/local/dynoxide"
+	"github.com/sockfleet/sockfleet/shared/local/fleet"
+	"github.com/sockfleet/sockfleet/shared/local/jaeger"
 	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -62,6 +68,7 @@ func main() {
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
 	flag.StringVar(&timings.mode, "mode", "", "worker mode (SOCKFLEET_MODE): stream or polling; empty: the worker's default")
+	flag.StringVar(&tracing, "tracing", "off", "the memory and throughput runs with tracing off, on (spans exported to a local Jaeger) or both, side by side")
 	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
@@ -84,6 +91,23 @@ var kin struct {
 
 // withSpec: the memory measurement's connections carry benchSpec.
 var withSpec bool
+
+// tracing: off, on or both (tracingModes).
+var tracing string
+
+// tracingModes are the tracing settings the memory and throughput runs are made
+// with, in order.
+func tracingModes(flag string) ([]bool, error) {
+	switch flag {
+	case "off":
+		return []bool{false}, nil
+	case "on":
+		return []bool{true}, nil
+	case "both":
+		return []bool{false, true}, nil
+	}
+	return nil, fmt.Errorf("-tracing %q: want off, on or both", flag)
+}
 
 // benchSpec is the issue's "spec of 3 headers, 2 open messages and a keepalive",
 // with one header from a secret served by the local secrets file.
@@ -108,6 +132,8 @@ func parseInts(s string) []int {
 }
 
 type bench struct {
+	trace   []string // OTEL_* settings of every worker started (tracing on); nil: off
+	col     bool     // the tables have a tracing column
 	dir     string
 	worker  string // binary
 	up      string // binary
@@ -118,6 +144,10 @@ type bench struct {
 }
 
 func run(idle, tput []int, dur time.Duration, size int) error {
+	modes, err := tracingModes(tracing)
+	if err != nil {
+		return err
+	}
 	var lim syscall.Rlimit
 	_ = syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
 	lim.Cur = lim.Max
@@ -147,24 +177,53 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		runtime.NumCPU(), runtime.GOARCH, strings.TrimSpace(string(goVersion)), lim.Cur, time.Now().Format("2006-01-02"),
 		timings.mode, timings.lease, timings.renew, timings.deadline, withSpec)
 
+	var traces *jaeger.Proc
+	if slices.Contains(modes, true) {
+		if traces, err = jaeger.Start(jaeger.Options{Log: io.Discard}); err != nil {
+			return err
+		}
+		defer traces.Stop()
+		fmt.Printf("tracing on: every worker exports its spans over OTLP/HTTP to Jaeger at %s\n\n", traces.OTLPEndpoint)
+	}
+	b.col = tracing != "off"
+	// setTracing sets what the next workers run with.
+	setTracing := func(on bool) {
+		b.trace = nil
+		if on {
+			b.trace = fleet.TracingEnv(traces.OTLPEndpoint, fleet.WorkerService, "bench")
+		}
+	}
 	if len(idle) > 0 {
-		header(false, "idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
+		b.header("idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
 		for _, n := range idle {
-			if err := b.memory(n); err != nil {
-				return fmt.Errorf("memory at %d: %w", n, err)
+			for _, on := range modes {
+				setTracing(on)
+				if err := b.memory(n); err != nil {
+					return fmt.Errorf("memory at %d: %w", n, err)
+				}
 			}
 		}
 		fmt.Println()
 	}
 	if len(tput) > 0 {
-		header(false, "connections", "payload", "messages/s to a file sink", "MB/s of file", "window")
+		b.header("connections", "payload", "messages/s to a file sink", "MB/s of file", "window")
+		// Side by side, off-on-on-off: on a shared machine a later run of the same
+		// size often goes slower or faster than an earlier one, whatever it runs.
+		tmodes := modes
+		if len(modes) == 2 {
+			tmodes = []bool{false, true, true, false}
+		}
 		for _, n := range tput {
-			if err := b.throughput(n, dur, size); err != nil {
-				return fmt.Errorf("throughput at %d: %w", n, err)
+			for _, on := range tmodes {
+				setTracing(on)
+				if err := b.throughput(n, dur, size); err != nil {
+					return fmt.Errorf("throughput at %d: %w", n, err)
+				}
 			}
 		}
 		fmt.Println()
 	}
+	setTracing(false)
 	if k := parseInts(kin.conns); len(k) > 0 {
 		if err := b.runKinesis(k, dur, size, kin.latConns, kin.latRate, kin.stall); err != nil {
 			return err
@@ -272,6 +331,7 @@ func (b *bench) startWorkerEnv(table string, max int, sink string, extra []strin
 	if timings.mode != "" {
 		cmd.Env = append(cmd.Env, schema.EnvMode+"="+timings.mode)
 	}
+	cmd.Env = append(cmd.Env, b.trace...)
 	cmd.Env = append(cmd.Env, extra...)
 	b.workers++
 	logPath := filepath.Join(b.dir, fmt.Sprintf("worker%d.log", b.workers))
@@ -430,7 +490,7 @@ func (b *bench) memory(n int) error {
 		return w.explain(fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f))
 	}
 	per := float64(rss-base) / float64(n)
-	fmt.Printf("| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
+	fmt.Printf("%s| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", b.tracingCell(), n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
 	return nil
 }
 
@@ -460,8 +520,29 @@ func (b *bench) throughput(n int, dur time.Duration, size int) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("| %d | %d B | %.0f | %.1f | %s |\n", n, size, msgs, mb, dur)
+	fmt.Printf("%s| %d | %d B | %.0f | %.1f | %s |\n", b.tracingCell(), n, size, msgs, mb, dur)
 	return nil
+}
+
+// header is the package's header, with a first column saying whether tracing was on
+// when the tables have one.
+func (b *bench) header(cols ...string) {
+	if b.col {
+		header(true, append([]string{"tracing"}, cols...)...)
+		return
+	}
+	header(false, cols...)
+}
+
+// tracingCell is the row's tracing cell, when the tables have one.
+func (b *bench) tracingCell() string {
+	switch {
+	case !b.col:
+		return ""
+	case b.trace != nil:
+		return "| on "
+	}
+	return "| off "
 }
 
 func fileSize(path string) int64 {

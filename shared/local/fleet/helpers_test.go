@@ -87,6 +87,9 @@ type fleetOptions struct {
 	// OnDeny, if set, gets each call the network rules refused, which is then the
 	// test's to judge; without it, any refused call fails the test.
 	OnDeny func(netguard.Denial)
+	// OTLPEndpoint, if set, is where the workers and the reconciler export spans (a
+	// local Jaeger); they export every 100 ms, so a test reads them back soon.
+	OTLPEndpoint string
 }
 
 var (
@@ -211,7 +214,9 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 			schema.EnvNudgeAfter + "=" + testNudge.String(),
 			schema.EnvSweepPeriod + "=" + testSweep.String(),
 		},
-		SweepEvery: testSweep,
+		SweepEvery:   testSweep,
+		OTLPEndpoint: o.OTLPEndpoint,
+		TraceEnv:     []string{"OTEL_BSP_SCHEDULE_DELAY=100"},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -76,6 +76,14 @@ type Config struct {
 	// OnDeny, if set, is called with each call the network rules refused.
 	OnDeny func(netguard.Denial)
 
+	// OTLPEndpoint, if set, is the OTLP/HTTP endpoint (a local Jaeger, package
+	// shared/local/jaeger) the workers and the reconciler export their spans to
+	// (TracingEnv). Empty: they get no OTEL_* settings, so tracing stays off.
+	OTLPEndpoint string
+	// TraceEnv is extra OTEL_* settings for every process, after TracingEnv's
+	// (OTEL_BSP_SCHEDULE_DELAY=100, say, for a test that reads spans back soon).
+	TraceEnv []string
+
 	Log *slog.Logger
 }
 
@@ -136,6 +144,7 @@ func (c Config) workerEnviron(slot int, id string, listen, advertise int) []stri
 		schema.EnvSink + "=file:" + c.SinkPath(id),
 		schema.EnvSeqPath + "=seq",
 	}
+	env = append(env, c.tracingEnv(WorkerService, id)...)
 	if c.WorkerEnv != nil {
 		env = append(env, c.WorkerEnv(slot, id)...)
 	}
@@ -150,6 +159,36 @@ func (c Config) workerEnviron(slot int, id string, listen, advertise int) []stri
 		schema.EnvListenAddr+"="+local(listen),
 		schema.EnvAdvertiseAddr+"="+local(advertise),
 		schema.EnvWakeupSecret+"="+c.Secret)
+}
+
+// The service.name of each process's spans (the tracing contract's).
+const (
+	WorkerService     = "sockfleet-worker"
+	ReconcilerService = "sockfleet-reconciler"
+)
+
+// TracingEnv is the standard OpenTelemetry settings that make a process export its
+// spans over OTLP/HTTP to endpoint as service, with instance (a worker's id) as its
+// service.instance.id when set: what the fleet gives its processes when tracing is on.
+// The sampler is left to the process's default (every ownership trace).
+func TracingEnv(endpoint, service, instance string) []string {
+	env := []string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + endpoint,
+		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"OTEL_SERVICE_NAME=" + service,
+	}
+	if instance != "" {
+		env = append(env, "OTEL_RESOURCE_ATTRIBUTES=service.instance.id="+instance)
+	}
+	return env
+}
+
+// tracingEnv is TracingEnv and TraceEnv with tracing on, nothing with it off.
+func (c Config) tracingEnv(service, instance string) []string {
+	if c.OTLPEndpoint == "" {
+		return nil
+	}
+	return append(TracingEnv(c.OTLPEndpoint, service, instance), c.TraceEnv...)
 }
 
 // FleetOwnedEnv names the variables WorkerEnviron sets last, whatever else says:
@@ -247,6 +286,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			schema.EnvTable+"="+cfg.Table,
 			schema.EnvWakeupSecret+"="+cfg.Secret,
 			schema.EnvClusterARN+"="+ClusterARN(cfg.Cluster))
+		// The emulator hands the function every variable of its own environment
+		// that Lambda does not reserve (AWS_LAMBDA_*, _HANDLER, credentials...), so
+		// OTEL_* reach the reconciler as they would from the function's configuration.
+		env = append(env, cfg.tracingEnv(ReconcilerService, "")...)
 		s.Lambda, err = StartEmulator(EmulatorConfig{
 			RIE: cfg.RIE, Bootstrap: cfg.Bootstrap, Addr: cfg.LambdaAddr, RuntimeAPIAddr: cfg.RuntimeAPIAddr,
 			Env: append(env, cfg.ReconcilerEnv...), Log: lf,
