@@ -93,6 +93,8 @@ type Spec struct {
 	IdleReconnect bool
 	SeqReset      string
 	MaxSeqJump    int64
+	Decode        string // "", deflate, gzip, zlib or permessage-deflate (wire.go)
+	Sink          string // "": the fleet's sink; else a destination SOCKFLEET_SINKS_ALLOWED names
 }
 
 // OpenMessage is one frame sent after connect, and what its reply must look like.
@@ -120,7 +122,8 @@ type Keepalive struct {
 func (s Spec) Zero() bool {
 	return len(s.Headers) == 0 && len(s.Subprotocols) == 0 && len(s.OpenMessages) == 0 && s.Keepalive == nil &&
 		s.MaxLifetime == 0 && s.ShutdownMatch == "" && s.Resume == "" && s.SeqPath == "" && s.BadMessages == "" &&
-		s.Start == "" && s.IdleTimeout == 0 && !s.IdleReconnect && s.SeqReset == "" && s.MaxSeqJump == 0
+		s.Start == "" && s.IdleTimeout == 0 && !s.IdleReconnect && s.SeqReset == "" && s.MaxSeqJump == 0 &&
+		s.Decode == "" && s.Sink == ""
 }
 
 // StartSeq returns the sequence a first connect resumes after, and false for
@@ -254,7 +257,7 @@ func (s Spec) Validate() error {
 	if s.MaxSeqJump < 0 {
 		return specErr(AttrMaxSeqJump, "%d: must not be negative", s.MaxSeqJump)
 	}
-	return nil
+	return s.validateWire()
 }
 
 func (m OpenMessage) validate() error {

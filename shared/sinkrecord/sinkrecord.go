@@ -4,7 +4,8 @@
 // everything that reads a sink back decodes with Parse or ParseBatch.
 //
 // Guarantees: Append writes one line (no newline inside, one at the end) in a fixed
-// field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then the payload: "data" (a text
+// field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then "decoded" (when the payload was
+// decompressed: the decoding's name), then the payload: "data" (a text
 // payload that is valid JSON, compacted) or "data_b64" (anything else, base64), or
 // "oversize" instead of a payload. Parse accepts exactly one JSON object with a
 // non-empty conn and exactly one payload (none for an oversize stub), and a record
@@ -34,6 +35,9 @@ type Record struct {
 	// delivered (docs/SINKS.md, "Fencing"). 0: unknown (a record from before the field).
 	Version int64
 	Bad     bool // passed on although its sequence could not be parsed, or too large to send
+	// Decoded names the decoding (gzip, deflate, zlib) that turned the upstream's
+	// frame into Data; "" for a payload as it arrived.
+	Decoded string
 	// Oversize, with Bad, is the size in bytes of a message too large for a Kinesis
 	// record; the record then carries no payload.
 	Oversize int64
@@ -58,6 +62,10 @@ func Append(b []byte, r Record) []byte {
 	}
 	if r.Bad {
 		b = append(b, `,"bad":true`...)
+	}
+	if r.Decoded != "" {
+		b = append(b, `,"decoded":`...)
+		b = appendString(b, r.Decoded)
 	}
 	switch {
 	case r.Oversize > 0:
@@ -89,6 +97,7 @@ type wire struct {
 	Epoch    int64           `json:"epoch"`
 	Version  int64           `json:"lease_version"`
 	Bad      bool            `json:"bad"`
+	Decoded  string          `json:"decoded"`
 	Oversize int64           `json:"oversize"`
 	Data     json.RawMessage `json:"data"`
 	DataB64  *[]byte         `json:"data_b64"`
@@ -125,7 +134,7 @@ func ParseBatch(body []byte) ([]Record, error) {
 }
 
 func (w wire) record() (Record, error) {
-	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Oversize: w.Oversize}
+	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Decoded: w.Decoded, Oversize: w.Oversize}
 	hasData := w.Data != nil
 	switch {
 	case w.Conn == "":

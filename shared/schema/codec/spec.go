@@ -113,6 +113,8 @@ func DecodeSpec(it Item) (schema.Spec, error) {
 	}
 	s.SeqReset = d.str(schema.AttrSeqReset)
 	s.MaxSeqJump = d.num(schema.AttrMaxSeqJump)
+	s.Decode = d.str(schema.AttrDecode)
+	s.Sink = d.str(schema.AttrSink)
 	if d.err != nil {
 		return s, d.err
 	}
@@ -170,6 +172,8 @@ func EncodeSpec(it Item, s schema.Spec) {
 	}
 	putS(it, schema.AttrSeqReset, s.SeqReset)
 	putN(it, schema.AttrMaxSeqJump, s.MaxSeqJump)
+	putS(it, schema.AttrDecode, s.Decode)
+	putS(it, schema.AttrSink, s.Sink)
 }
 
 // secretTypeErr is typeErr without the value: a header may hold a credential.

@@ -49,7 +49,8 @@ func SpecAttrs() []string { return slices.Clone(specAttrs) }
 // specAttrs are the spec's attribute names.
 var specAttrs = []string{schema.AttrHeaders, schema.AttrSubprotocols, schema.AttrOpenMessages, schema.AttrKeepalive,
 	schema.AttrMaxLifetime, schema.AttrShutdownMatch, schema.AttrResume, schema.AttrSeqPath, schema.AttrBadMessages,
-	schema.AttrStart, schema.AttrIdleTimeout, schema.AttrIdleReconnect, schema.AttrSeqReset, schema.AttrMaxSeqJump}
+	schema.AttrStart, schema.AttrIdleTimeout, schema.AttrIdleReconnect, schema.AttrSeqReset, schema.AttrMaxSeqJump,
+	schema.AttrDecode, schema.AttrSink}
 
 func fromJSON(v any, openMessages bool) (types.AttributeValue, error) {
 	switch x := v.(type) {

@@ -66,6 +66,7 @@ type Counters struct {
 	QuotaWaits    atomic.Int64 // dials that waited for the per-host connect quota
 	QuotaWaiting  atomic.Int64 // gauge: dials waiting for the quota now
 	SecretErrors  atomic.Int64 // secret references that could not be resolved
+	DecodeErrors  atomic.Int64 // frames the spec's decode could not decompress within the read limit (also counted as bad)
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -124,6 +125,7 @@ func (c *Counters) WriteText(w io.Writer) error {
 		{"sockfleet_quota_waits_total", &c.QuotaWaits},
 		{"sockfleet_quota_waiting", &c.QuotaWaiting},
 		{"sockfleet_secret_errors_total", &c.SecretErrors},
+		{"sockfleet_decode_errors_total", &c.DecodeErrors},
 		{"sockfleet_handoffs_total", &c.Handoffs},
 		{"sockfleet_handoff_fallbacks_total", &c.HandoffFallbacks},
 		{"sockfleet_handoffs_taken_total", &c.HandoffsTaken},

@@ -34,6 +34,12 @@ type Message struct {
 	Data    []byte
 	Binary  bool // a binary frame
 	Bad     bool // passed on although its sequence could not be parsed
+	// Decoded names the decoding that produced Data from the frame (the spec's
+	// decode: gzip, deflate, zlib); "" for a frame delivered as it arrived.
+	Decoded string
+	// Dest is the connection's own sink (its spec's sink attribute); "": the fleet's.
+	// A Router sends the message there.
+	Dest string
 }
 
 // Sink is where messages go. Implementations are safe for concurrent use.
@@ -65,7 +71,7 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 
 // Record is m as a sink record (docs/SINKS.md; package sinkrecord encodes it).
 func (m Message) Record() sinkrecord.Record {
-	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Data: m.Data, Binary: m.Binary}
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Decoded: m.Decoded, Data: m.Data, Binary: m.Binary}
 }
 
 // Writer writes JSON lines to an io.Writer, one write per batch. A write that

@@ -78,6 +78,7 @@ func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed
 	}
 	d := *s.cfg.Dialer
 	d.Subprotocols = spec.Subprotocols
+	d.EnableCompression = spec.Decode == schema.DecodePermessageDeflate
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	conn, resp, err := d.DialContext(dctx, target, hdr)
 	cancel()
@@ -213,6 +214,7 @@ func (s *Stream) open(ctx context.Context, sock *socket) error {
 				}
 				return fmt.Errorf("%s[%d]: awaiting reply: %w", schema.AttrOpenMessages, i, classifyReadErr(err))
 			}
+			f = decodeFrame(f, s.set.spec.Decode, s.cfg.ReadLimit)
 			if replyMatches(m, f) {
 				break
 			}

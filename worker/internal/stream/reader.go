@@ -24,6 +24,10 @@ type frame struct {
 	binary bool
 	data   []byte
 	over   bool // longer than the read limit: data holds its first ReadLimit bytes
+	// decoded names the spec's decode that produced data; decodeErr says why the
+	// frame did not decode (data is then the frame as it arrived).
+	decoded   string
+	decodeErr error
 }
 
 // readState is where a socket's reader stands in the upstream's numbering.
@@ -97,7 +101,8 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 				return errRotated
 			}
 			var err error
-			if f, err = readFrame(conn, s.cfg.ReadLimit); err != nil {
+			f, err = readFrame(conn, s.cfg.ReadLimit)
+			if err != nil {
 				switch {
 				case sock.stopping.Load():
 					return errRotated
@@ -109,6 +114,7 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 				}
 				return classifyReadErr(err)
 			}
+			f = decodeFrame(f, spec.Decode, s.cfg.ReadLimit)
 		}
 		if !f.binary && !f.over {
 			if len(pong) > 0 && bytes.Contains(f.data, pong) {
