@@ -139,11 +139,11 @@ func TestUndecodableFramesAreBadMessages(t *testing.T) {
 	bomb := compress(schema.DecodeGzip, make([]byte, 64<<20))
 	good := compress(schema.DecodeGzip, []byte(`{"seq":1}`))
 	junk := [][]byte{
-		[]byte(`{"seq":999999}`),             // not compressed at all
-		good[:len(good)/2],                   // truncated
+		[]byte(`{"seq":999999}`),          // not compressed at all
+		good[:len(good)/2],                // truncated
 		compress(schema.DecodeZlib, good), // zlib, not gzip
-		bomb,                                 // inflates past the 1 MiB read limit
-		{},                                   // empty
+		bomb,                              // inflates past the 1 MiB read limit
+		{},                                // empty
 	}
 	for _, policy := range []BadPolicy{BadCount, BadPass} {
 		t.Run(string(policy), func(t *testing.T) {
