@@ -53,10 +53,13 @@ type Config struct {
 	Secrets   Secrets       // resolves {{secret:…}} references; nil: a spec using one fails to dial
 	Quota     *Quota        // per-host connect quota; nil: none
 
-	Sink    sink.Sink
-	Metrics *metrics.Counters
-	Log     *slog.Logger
-	Dialer  *websocket.Dialer // default: built from the settings above
+	Sink sink.Sink
+	// SinkAllowed reports whether a connection's own sink attribute names a
+	// destination Sink can reach (see sink.Router); nil: none may name one.
+	SinkAllowed func(dest string) bool
+	Metrics     *metrics.Counters
+	Log         *slog.Logger
+	Dialer      *websocket.Dialer // default: built from the settings above
 }
 
 // Fill sets defaults and checks the settings.

@@ -30,6 +30,9 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkSink(); err != nil {
+		return nil, err // not dialed: its messages would have nowhere to go
+	}
 	if err := s.checkSecrets(ctx, dest); err != nil {
 		return nil, err // not dialed: no secret leaves for a host its owner did not allow
 	}
