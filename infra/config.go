@@ -83,6 +83,10 @@ type Config struct {
 	// one GSI per update, so a stack deployed before the registry index became
 	// KEYS_ONLY adds the new index with this set, then drops the old one without it.
 	KeepLegacyRegistryIndex bool
+	// SinkStreams are the Kinesis streams (names or ARNs, comma-separated) a
+	// connection's own sink attribute may name; the task role may PutRecords to each
+	// (sinks.go). A string, so a Config stays comparable.
+	SinkStreams string
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -283,6 +287,12 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 			errs = append(errs, fmt.Errorf("context %s: %w", ctxLegacyIndex, err))
 		}
 		c.KeepLegacyRegistryIndex = b
+	}
+	if v := get(ctxSinkStreams); v != nil {
+		var err error
+		if c.SinkStreams, err = sinkStreamsFrom(v); err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %w", ctxSinkStreams, err))
+		}
 	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)
