@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/sockfleet/sockfleet/shared/local/iam"
 	"github.com/sockfleet/sockfleet/shared/schema"
 )
 
@@ -37,6 +39,30 @@ func TestSinkStreams(t *testing.T) {
 		t.Fatalf("resources %v; want okx-trades in the stack's account and region, and %s", s.resource, arn)
 	}
 	wantSame(t, "SOCKFLEET_SINKS_ALLOWED", workerEnv(t, j)[schema.EnvSinksAllowed], "okx-trades,"+arn)
+
+	// The same template under the local fleet's IAM enforcement (shared/local/iam):
+	// the worker role may put to the granted streams, and to no other.
+	raw, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl, err := iam.ParseTemplate(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := iam.LocalEnv(nil)
+	pol, err := tpl.Policy(x.taskRole, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := "arn:aws:kinesis:us-east-1:000000000000:stream/"
+	for res, want := range map[string]bool{local + "okx-trades": true, arn: true, local + "other": false,
+		"arn:aws:kinesis:eu-west-1:123456789012:stream/okx-trades": false} {
+		d, err := pol.Evaluate(iam.Request{Action: "kinesis:PutRecords", Resources: []string{res}})
+		if err != nil || d.Allowed != want {
+			t.Errorf("PutRecords on %s: allowed %v (%v), want %v", res, d.Allowed, err, want)
+		}
+	}
 
 	_, d := template(t)
 	if v, ok := workerEnv(t, d)[schema.EnvSinksAllowed]; ok {
