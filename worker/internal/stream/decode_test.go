@@ -90,6 +90,13 @@ func (u *okxUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
+			if u.pmd {
+				// A compressed message (FIN, RSV1, binary) whose DEFLATE data is corrupt:
+				// 0xff opens a block of the reserved type 3.
+				if _, err := conn.NetConn().Write([]byte{0xc2, 4, 0xff, 0xff, 0xff, 0xff}); err != nil {
+					return
+				}
+			}
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -209,7 +216,7 @@ func TestInflateBoundedByLimit(t *testing.T) {
 // decode = permessage-deflate offers the extension on the handshake; the upstream's
 // compressed frames arrive inflated. Without it nothing is offered.
 func TestPermessageDeflateNegotiated(t *testing.T) {
-	up := &okxUpstream{pmd: true}
+	up := &okxUpstream{pmd: true, bad: 20}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
 	snk := &memSink{}
@@ -224,6 +231,13 @@ func TestPermessageDeflateNegotiated(t *testing.T) {
 	}
 	if m := snk.all()[0]; m.Decoded != "" || m.Binary {
 		t.Fatalf("an extension-inflated frame is a plain text frame: %+v", m)
+	}
+	// The corrupt compressed message after seq 20 is a bad message on the same socket.
+	if cfg.Metrics.DecodeErrors.Load() != 1 || cfg.Metrics.Reconnects.Load() != 0 {
+		t.Fatalf("decode errors %d, reconnects %d; want 1 and 0", cfg.Metrics.DecodeErrors.Load(), cfg.Metrics.Reconnects.Load())
+	}
+	if st := s.Status(); !strings.Contains(st.Error, "decode: permessage-deflate message: flate: corrupt input") {
+		t.Fatalf("status %+v", st)
 	}
 
 	plain := &okxUpstream{pmd: true}

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"compress/flate"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +48,13 @@ func readFrame(conn *websocket.Conn, limit int64) (frame, error) {
 		return frame{}, err
 	}
 	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	var corrupt flate.CorruptInputError
+	if errors.As(err, &corrupt) {
+		// A permessage-deflate message that does not inflate: a bad message, not a
+		// broken socket (the extension's messages are independent, as gorilla offers
+		// no context takeover); the next NextReader skips the rest of it.
+		return frame{binary: true, data: data, decodeErr: fmt.Errorf("%s message: %w", schema.DecodePermessageDeflate, err)}, nil
+	}
 	if err != nil {
 		return frame{}, err
 	}
