@@ -63,6 +63,7 @@ func main() {
 	flag.Float64Var(&kin.latRate, "kinesis-latency-rate", 10, "messages/s per connection in the Kinesis latency and stall runs")
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
 	flag.StringVar(&timings.mode, "mode", "", "worker mode (SOCKFLEET_MODE): stream or polling; empty: the worker's default")
+	flag.DurationVar(&idleWait, "idle-wait", 5*time.Minute, "how long the memory run waits for all connections to be acquired, and again for all to be connected")
 	wss := flag.String("schemes", "ws,wss", "upstream schemes of the memory measurement: ws, wss or both")
 	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
@@ -100,6 +101,9 @@ var withSpec bool
 
 // schemes of the memory measurement: false ws://, true wss://.
 var schemes []bool
+
+// idleWait bounds the memory run's wait for acquisitions, and then for sockets.
+var idleWait time.Duration
 
 // benchSpec is the "spec of 3 headers, 2 open messages and a keepalive",
 // with one header from a secret served by the local secrets file.
@@ -474,11 +478,11 @@ func (b *bench) memory(n int, secure bool) error {
 		return err
 	}
 	defer w.stop()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), 5*time.Minute); err != nil {
+	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), idleWait); err != nil {
 		return w.explain(err)
 	}
 	// Owned is counted at acquisition; wait until every socket is up too.
-	if err := waitUpstreamClients(up.addr, n, 3*time.Minute); err != nil {
+	if err := waitUpstreamClients(up.addr, n, idleWait); err != nil {
 		return w.explain(err)
 	}
 	took := time.Since(start)
