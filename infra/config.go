@@ -87,6 +87,10 @@ type Config struct {
 	// Tracing exports the workers' and the reconciler's spans to X-Ray (tracing.go);
 	// false: no collector, no grant, no OTEL_* settings.
 	Tracing bool
+	// SinkStreams are the Kinesis streams (names or ARNs, comma-separated) a
+	// connection's own sink attribute may name; the task role may PutRecords to each
+	// (sinks.go). A string, so a Config stays comparable.
+	SinkStreams string
 }
 
 // DefaultConfig returns the defaults, the same values cdk.json carries.
@@ -295,6 +299,12 @@ func ConfigFromContext(get func(key string) any) (Config, error) {
 			errs = append(errs, fmt.Errorf("context %s: %w", ctxLegacyIndex, err))
 		}
 		c.KeepLegacyRegistryIndex = b
+	}
+	if v := get(ctxSinkStreams); v != nil {
+		var err error
+		if c.SinkStreams, err = sinkStreamsFrom(v); err != nil {
+			errs = append(errs, fmt.Errorf("context %s: %w", ctxSinkStreams, err))
+		}
 	}
 	if len(errs) > 0 {
 		return c, errors.Join(errs...)

@@ -516,6 +516,7 @@ func newWorkers(stack awscdk.Stack, p workerProps) awsecs.FargateService {
 		p.sink.GrantWrite(task.TaskRole())
 		env[schema.EnvSink] = awscdk.Fn_Join(jsii.String(""), &[]*string{jsii.String("kinesis:"), p.sinkRef})
 	}
+	allowSinkStreams(stack, task, cfg, env)
 
 	if cfg.Tracing {
 		for k, v := range tracingEnv("sockfleet-worker") {

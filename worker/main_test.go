@@ -141,6 +141,8 @@ func TestCheckConfig(t *testing.T) {
 		{"bad duration", schema.EnvLease, "banana", 2, schema.EnvLease},
 		{"bad sink", schema.EnvSink, "ftp://x", 2, "sink"},
 		{"bad mode", schema.EnvMode, "sometimes", 2, schema.EnvMode},
+		{"allowed sinks", schema.EnvSinksAllowed, "feeds-a, arn:aws:kinesis:eu-west-1:123456789012:stream/feeds-b file:/tmp/x.jsonl", 0, ""},
+		{"bad allowed sink", schema.EnvSinksAllowed, "feeds-a,feeds/b", 2, schema.EnvSinksAllowed + ": feeds/b"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{tc.key: tc.value}

@@ -10,9 +10,12 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,6 +33,9 @@ func main() {
 	delay := flag.Duration("handshake-delay", 0, "answer each handshake only after this long (a far upstream's dial time)")
 	requireToken := flag.Bool("require-token", false, "refuse handshakes without a live ?token= or ?listenKey= (minted by POST /bullet or /listenKey)")
 	tokenTTL := flag.Duration("token-ttl", time.Hour, "how long a minted token lives; PUT /listenKey extends it by as much")
+	flag.StringVar(&tlsOpts.addr, "tls-addr", "", "also serve the streams as wss:// on this address (needs -tls-cert and -tls-key); the controls stay on -addr")
+	flag.StringVar(&tlsOpts.cert, "tls-cert", "", "PEM certificate (chain) for -tls-addr")
+	flag.StringVar(&tlsOpts.key, "tls-key", "", "PEM private key for -tls-addr")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if err := run(*addr, demoupstream.Config{Rate: *rate, Size: *size, Buffer: *buffer, LiveHead: *liveHead, HandshakeDelay: *delay,
@@ -49,6 +55,26 @@ func run(addr string, cfg demoupstream.Config, log *slog.Logger) error {
 	log.Info("demo upstream listening", "addr", s.Addr(), "rate", cfg.Rate, "size", cfg.Size)
 	// The readiness line on stdout lets a parent process learn the port when addr ends in :0.
 	fmt.Printf("listening %s\n", s.Addr())
+	if tlsOpts.addr != "" {
+		cert, err := tls.LoadX509KeyPair(tlsOpts.cert, tlsOpts.key)
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("-tls-cert and -tls-key: %w", err)
+		}
+		ln, err := net.Listen("tcp", tlsOpts.addr)
+		if err != nil {
+			s.Close()
+			return err
+		}
+		hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+		go func() { _ = hs.ServeTLS(ln, "", "") }()
+		defer hs.Close()
+		log.Info("demo upstream serving wss", "addr", ln.Addr())
+		fmt.Printf("listening-tls %s\n", ln.Addr())
+	}
 	<-ctx.Done()
 	return s.Close()
 }
+
+// tlsOpts: the wss:// listener, beside the plain one.
+var tlsOpts struct{ addr, cert, key string }

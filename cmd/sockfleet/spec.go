@@ -29,6 +29,8 @@ const specUsage = `conn add flags (a connection's spec; each is optional, see do
   --start latest|earliest|SEQ    where a first connect starts (default latest)
   --idle-timeout DURATION [--idle-reconnect]
   --seq-reset accept|halt --max-seq-jump N
+  --decode deflate|gzip|zlib|permessage-deflate   decompress binary frames, or negotiate the extension
+  --sink DEST                    this connection's own sink: a Kinesis stream name or ARN, or file:PATH (among SOCKFLEET_SINKS_ALLOWED)
 `
 
 // addArgs parses conn add's arguments: ID, URL and the flags.
@@ -138,6 +140,10 @@ func addArgs(args []string) (id, url string, stopped bool, spec schema.Spec, err
 			flags.IdleTimeout, derr = dur()
 		case "--seq-reset":
 			flags.SeqReset = v
+		case "--decode":
+			flags.Decode = v
+		case "--sink":
+			flags.Sink = v
 		case "--max-seq-jump":
 			n, perr := strconv.ParseInt(v, 10, 64)
 			if perr != nil {
@@ -203,6 +209,8 @@ func merge(dst *schema.Spec, f schema.Spec, openSet bool) {
 	setD(&dst.IdleTimeout, f.IdleTimeout)
 	dst.IdleReconnect = dst.IdleReconnect || f.IdleReconnect
 	set(&dst.SeqReset, f.SeqReset)
+	set(&dst.Decode, f.Decode)
+	set(&dst.Sink, f.Sink)
 	if f.MaxSeqJump != 0 {
 		dst.MaxSeqJump = f.MaxSeqJump
 	}
@@ -236,7 +244,8 @@ func describeSpec(s schema.Spec) string {
 		parts = append(parts, "max_lifetime "+s.MaxLifetime.String())
 	}
 	for _, kv := range [][2]string{{"shutdown_match", s.ShutdownMatch}, {"resume", s.Resume}, {"seq_path", s.SeqPath},
-		{"bad_messages", s.BadMessages}, {"start", s.Start}, {"seq_reset", s.SeqReset}} {
+		{"bad_messages", s.BadMessages}, {"start", s.Start}, {"seq_reset", s.SeqReset},
+		{"decode", s.Decode}, {"sink", s.Sink}} {
 		if kv[1] != "" {
 			parts = append(parts, kv[0]+" "+kv[1])
 		}

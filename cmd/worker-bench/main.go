@@ -69,8 +69,21 @@ func main() {
 	flag.DurationVar(&kin.stall, "kinesis-stall", 10*time.Second, "how long Kinesis stops answering in the stall run")
 	flag.StringVar(&timings.mode, "mode", "", "worker mode (SOCKFLEET_MODE): stream or polling; empty: the worker's default")
 	flag.StringVar(&tracing, "tracing", "off", "the memory and throughput runs with tracing off, on (spans exported to a local Jaeger) or both, side by side")
+	flag.DurationVar(&idleWait, "idle-wait", 5*time.Minute, "how long the memory run waits for all connections to be acquired, and again for all to be connected")
+	wss := flag.String("schemes", "ws,wss", "upstream schemes of the memory measurement: ws, wss or both")
 	flag.BoolVar(&withSpec, "spec", true, "give every idle connection a spec: 3 headers (one a secret), 2 open messages and a keepalive")
 	flag.Parse()
+	for _, f := range strings.Split(*wss, ",") {
+		switch strings.TrimSpace(f) {
+		case "ws":
+			schemes = append(schemes, false)
+		case "wss":
+			schemes = append(schemes, true)
+		default:
+			fmt.Fprintf(os.Stderr, "worker-bench: -schemes %q: want ws, wss or ws,wss\n", *wss)
+			os.Exit(2)
+		}
+	}
 	if err := run(parseInts(*counts), parseInts(*tput), *dur, *size); err != nil {
 		fmt.Fprintln(os.Stderr, "worker-bench:", err)
 		os.Exit(1)
@@ -109,6 +122,12 @@ func tracingModes(flag string) ([]bool, error) {
 	return nil, fmt.Errorf("-tracing %q: want off, on or both", flag)
 }
 
+// schemes of the memory measurement: false ws://, true wss://.
+var schemes []bool
+
+// idleWait bounds the memory run's wait for acquisitions, and then for sockets.
+var idleWait time.Duration
+
 // benchSpec is the issue's "spec of 3 headers, 2 open messages and a keepalive",
 // with one header from a secret served by the local secrets file.
 var benchSpec = schema.Spec{
@@ -141,6 +160,9 @@ type bench struct {
 	db      *dynamodb.Client
 	tables  int
 	workers int
+	// cert and key: the wss upstream's certificate (benchCert), which the worker
+	// trusts through SSL_CERT_FILE.
+	cert, key string
 }
 
 func run(idle, tput []int, dur time.Duration, size int) error {
@@ -158,6 +180,9 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{dir: dir, worker: filepath.Join(dir, "worker"), up: filepath.Join(dir, "demo-upstream")}
+	if b.cert, b.key, err = benchCert(dir); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(dir, "secrets.json"), []byte(`{"bench/token":{"value":"bench-token-value","allowed_hosts":["127.0.0.1"]}}`), 0o600); err != nil {
 		return err
 	}
@@ -194,12 +219,14 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 		}
 	}
 	if len(idle) > 0 {
-		b.header("idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
+		b.header("scheme", "idle connections", "worker RSS, none", "worker RSS, all streaming", "per connection", "acquire + connect time")
 		for _, n := range idle {
 			for _, on := range modes {
 				setTracing(on)
-				if err := b.memory(n); err != nil {
-					return fmt.Errorf("memory at %d: %w", n, err)
+				for _, secure := range schemes {
+					if err := b.memory(n, secure); err != nil {
+						return fmt.Errorf("memory at %d (wss %v): %w", n, secure, err)
+					}
 				}
 			}
 		}
@@ -234,9 +261,10 @@ func run(idle, tput []int, dur time.Duration, size int) error {
 
 // proc is a child process.
 type proc struct {
-	cmd  *exec.Cmd
-	addr string
-	log  string // the worker's stderr (warnings and errors), kept to explain a failed run
+	cmd     *exec.Cmd
+	addr    string
+	tlsAddr string // the demo upstream's wss:// address, if it serves one
+	log     string // the worker's stderr (warnings and errors), kept to explain a failed run
 }
 
 // explain adds to err a summary of the worker's log: each distinct message, how
@@ -284,7 +312,14 @@ func (p *proc) stop() {
 }
 
 func (b *bench) upstream(rate float64, size int) (*proc, error) {
-	cmd := exec.Command(b.up, "-addr", "127.0.0.1:0", "-rate", fmt.Sprint(rate), "-size", fmt.Sprint(size))
+	return b.upstreamArgs(rate, size)
+}
+
+// upstreamArgs starts the demo upstream with extra flags; with -tls-addr it reads
+// the wss address from the second readiness line.
+func (b *bench) upstreamArgs(rate float64, size int, extra ...string) (*proc, error) {
+	args := append([]string{"-addr", "127.0.0.1:0", "-rate", fmt.Sprint(rate), "-size", fmt.Sprint(size)}, extra...)
+	cmd := exec.Command(b.up, args...)
 	cmd.Stderr = io.Discard
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -293,12 +328,22 @@ func (b *bench) upstream(rate float64, size int) (*proc, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
+	br := bufio.NewReader(out)
+	line, err := br.ReadString('\n')
 	if err != nil {
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("demo upstream did not start: %w", err)
 	}
-	return &proc{cmd: cmd, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening "))}, nil
+	p := &proc{cmd: cmd, addr: strings.TrimSpace(strings.TrimPrefix(line, "listening "))}
+	if slices.Contains(extra, "-tls-addr") {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			_ = cmd.Process.Kill()
+			return nil, fmt.Errorf("demo upstream did not serve wss: %w", err)
+		}
+		p.tlsAddr = strings.TrimSpace(strings.TrimPrefix(line, "listening-tls "))
+	}
+	return p, nil
 }
 
 func freeAddr() string {
@@ -379,6 +424,11 @@ func rssKB(pid int) (int64, error) {
 
 // newTable creates a fresh table holding n STARTED connections to upstream addr.
 func (b *bench) newTable(n int, upAddr string) (string, error) {
+	return b.newTableURL(n, "ws://"+upAddr)
+}
+
+// newTableURL is newTable with the upstream's base URL (ws://ADDR or wss://ADDR).
+func (b *bench) newTableURL(n int, base string) (string, error) {
 	b.tables++
 	table := fmt.Sprintf("bench%d", b.tables)
 	ctx := context.Background()
@@ -392,7 +442,7 @@ func (b *bench) newTable(n int, upAddr string) (string, error) {
 		var reqs []types.WriteRequest
 		for j := i; j < min(n, i+25); j++ {
 			id := fmt.Sprintf("c%05d", j)
-			c := codec.Connection{ID: id, DesiredState: schema.Started, WSURL: "ws://" + upAddr + "/streams/" + id}
+			c := codec.Connection{ID: id, DesiredState: schema.Started, WSURL: base + "/streams/" + id}
 			if withSpec {
 				c.Spec = benchSpec
 			}
@@ -437,8 +487,23 @@ func waitMetric(addr, name string, want int64, limit time.Duration) error {
 	return fmt.Errorf("%s = %d (err %v), want %d within %s", name, v, err, want, limit)
 }
 
-func (b *bench) memory(n int) error {
-	up, err := b.upstream(0, 64) // idle streams: connected, nothing sent
+// memory measures the worker's resident memory per idle connection at n
+// connections to the demo upstream, over ws:// or, with secure, over wss:// (TLS
+// 1.3 to the bench's own certificate, trusted through SSL_CERT_FILE).
+func (b *bench) memory(n int, secure bool) error {
+	var up *proc
+	var err error
+	base, env := "", []string(nil)
+	if secure {
+		var addr string
+		up, addr, err = b.tlsUpstream()
+		base, env = "wss://"+addr, []string{"SSL_CERT_FILE=" + b.cert}
+	} else {
+		up, err = b.upstream(0, 64) // idle streams: connected, nothing sent
+		if err == nil {
+			base = "ws://" + up.addr
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -448,7 +513,7 @@ func (b *bench) memory(n int) error {
 	if err != nil {
 		return err
 	}
-	w0, err := b.startWorker(empty, n, "file:"+filepath.Join(b.dir, "idle0.jsonl"))
+	w0, err := b.startWorkerEnv(empty, n, "file:"+filepath.Join(b.dir, "idle0.jsonl"), env)
 	if err != nil {
 		return err
 	}
@@ -457,27 +522,27 @@ func (b *bench) memory(n int) error {
 		return err
 	}
 	time.Sleep(3 * time.Second)
-	base, err := rssKB(w0.cmd.Process.Pid)
+	baseRSS, err := rssKB(w0.cmd.Process.Pid)
 	w0.stop()
 	if err != nil {
 		return err
 	}
 
-	table, err := b.newTable(n, up.addr)
+	table, err := b.newTableURL(n, base)
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	w, err := b.startWorker(table, n, "file:"+filepath.Join(b.dir, "idle.jsonl"))
+	w, err := b.startWorkerEnv(table, n, "file:"+filepath.Join(b.dir, "idle.jsonl"), env)
 	if err != nil {
 		return err
 	}
 	defer w.stop()
-	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), 5*time.Minute); err != nil {
+	if err := waitMetric(w.addr, "sockfleet_owned_connections", int64(n), idleWait); err != nil {
 		return w.explain(err)
 	}
 	// Owned is counted at acquisition; wait until every socket is up too.
-	if err := waitUpstreamClients(up.addr, n, 2*time.Minute); err != nil {
+	if err := waitUpstreamClients(up.addr, n, idleWait); err != nil {
 		return w.explain(err)
 	}
 	took := time.Since(start)
@@ -489,8 +554,9 @@ func (b *bench) memory(n int) error {
 	if f, _ := metric(w.addr, "sockfleet_self_fences_total"); f != 0 {
 		return w.explain(fmt.Errorf("%d self-fences: the table could not keep up with the renewals", f))
 	}
-	per := float64(rss-base) / float64(n)
-	fmt.Printf("%s| %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", b.tracingCell(), n, float64(base)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
+	per := float64(rss-baseRSS) / float64(n)
+	fmt.Printf("%s| %s | %d | %.1f MiB | %.1f MiB | %.1f KiB | %s |\n", b.tracingCell(), strings.SplitN(base, ":", 2)[0], n,
+		float64(baseRSS)/1024, float64(rss)/1024, per, took.Round(100*time.Millisecond))
 	return nil
 }
 

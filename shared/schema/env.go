@@ -29,6 +29,7 @@ const (
 	EnvSecretsFile  = "SOCKFLEET_SECRETS_FILE"  // JSON object name → {"value", "allowed_hosts"} serving {{secret:NAME}} locally; empty: Secrets Manager
 	EnvSecretsTTL   = "SOCKFLEET_SECRETS_TTL"   // how long a secret value is cached; default 5m
 	EnvIdleTimeout  = "SOCKFLEET_IDLE_TIMEOUT"  // idle_timeout of a connection whose item sets none; default 5m, 0: off
+	EnvSinksAllowed = "SOCKFLEET_SINKS_ALLOWED" // destinations a connection's sink attribute may name (stream names, ARNs, file:PATH); empty: none
 
 	// Shared by worker and reconciler: the HMAC key of wakeup calls. The worker gets it
 	// injected by ECS from Secrets Manager; the reconciler may instead get the secret's
@@ -92,7 +93,7 @@ var WorkerEnvVars = []string{
 	EnvSink, EnvSinkTimeout, EnvResume, EnvSeqPath, EnvBadMessages, EnvLogLevel,
 	EnvWakeupSecret, EnvServiceName, EnvMode, EnvPollInterval, EnvClockOffset,
 	EnvCheckpointInterval, EnvBackstopInterval,
-	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL, EnvIdleTimeout,
+	EnvConnectQuota, EnvSeqReset, EnvMaxSeqJump, EnvSecretsFile, EnvSecretsTTL, EnvIdleTimeout, EnvSinksAllowed,
 	EnvHandoff, EnvHandoffPrepareTimeout, EnvHandoffStandbyTimeout, EnvStandbyMaxMessages, EnvStandbyMaxBytes,
 	EnvRESTPerHost,
 }

@@ -95,6 +95,8 @@ type Spec struct {
 	MaxSeqJump    int64
 	TokenRequest  *TokenRequest // token.go
 	Snapshot      *Snapshot
+	Decode        string // "", deflate, gzip, zlib or permessage-deflate (wire.go)
+	Sink          string // "": the fleet's sink; else a destination SOCKFLEET_SINKS_ALLOWED names
 }
 
 // OpenMessage is one frame sent after connect, and what its reply must look like.
@@ -123,7 +125,7 @@ func (s Spec) Zero() bool {
 	return len(s.Headers) == 0 && len(s.Subprotocols) == 0 && len(s.OpenMessages) == 0 && s.Keepalive == nil &&
 		s.MaxLifetime == 0 && s.ShutdownMatch == "" && s.Resume == "" && s.SeqPath == "" && s.BadMessages == "" &&
 		s.Start == "" && s.IdleTimeout == 0 && !s.IdleReconnect && s.SeqReset == "" && s.MaxSeqJump == 0 &&
-		s.TokenRequest == nil && s.Snapshot == nil
+		s.TokenRequest == nil && s.Snapshot == nil && s.Decode == "" && s.Sink == ""
 }
 
 // StartSeq returns the sequence a first connect resumes after, and false for
@@ -257,7 +259,10 @@ func (s Spec) Validate() error {
 	if s.MaxSeqJump < 0 {
 		return specErr(AttrMaxSeqJump, "%d: must not be negative", s.MaxSeqJump)
 	}
-	return s.validateRequests()
+	if err := s.validateRequests(); err != nil {
+		return err
+	}
+	return s.validateWire()
 }
 
 func (m OpenMessage) validate() error {

@@ -5,7 +5,8 @@
 //
 // Guarantees: Append writes one line (no newline inside, one at the end) in a fixed
 // field order, "conn", "seq", "epoch", "lease_version" (when not 0), then "bad", then
-// "snapshot" (when true), then the payload: "data" (a text
+// "snapshot" (when true), then "decoded" (when the payload was decompressed: the
+// decoding's name), then the payload: "data" (a text
 // payload that is valid JSON, compacted) or "data_b64" (anything else, base64), or
 // "oversize" instead of a payload. Parse accepts exactly one JSON object with a
 // non-empty conn and exactly one payload (none for an oversize stub), and a record
@@ -39,6 +40,9 @@ type Record struct {
 	// and including Seq. Deltas at or below Seq are not delivered after it. A reader
 	// that ignores the field sees an ordinary record (docs/SINKS.md, "Snapshots").
 	Snapshot bool
+	// Decoded names the decoding (gzip, deflate, zlib) that turned the upstream's
+	// frame into Data; "" for a payload as it arrived.
+	Decoded string
 	// Oversize, with Bad, is the size in bytes of a message too large for a Kinesis
 	// record; the record then carries no payload.
 	Oversize int64
@@ -66,6 +70,10 @@ func Append(b []byte, r Record) []byte {
 	}
 	if r.Snapshot {
 		b = append(b, `,"snapshot":true`...)
+	}
+	if r.Decoded != "" {
+		b = append(b, `,"decoded":`...)
+		b = appendString(b, r.Decoded)
 	}
 	switch {
 	case r.Oversize > 0:
@@ -98,6 +106,7 @@ type wire struct {
 	Version  int64           `json:"lease_version"`
 	Bad      bool            `json:"bad"`
 	Snapshot bool            `json:"snapshot"`
+	Decoded  string          `json:"decoded"`
 	Oversize int64           `json:"oversize"`
 	Data     json.RawMessage `json:"data"`
 	DataB64  *[]byte         `json:"data_b64"`
@@ -134,7 +143,7 @@ func ParseBatch(body []byte) ([]Record, error) {
 }
 
 func (w wire) record() (Record, error) {
-	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Snapshot: w.Snapshot, Oversize: w.Oversize}
+	r := Record{Conn: w.Conn, Seq: w.Seq, Epoch: w.Epoch, Version: w.Version, Bad: w.Bad, Snapshot: w.Snapshot, Decoded: w.Decoded, Oversize: w.Oversize}
 	hasData := w.Data != nil
 	switch {
 	case w.Conn == "":

@@ -116,6 +116,8 @@ func DecodeSpec(it Item) (schema.Spec, error) {
 	if err := decodeRequests(it, &s); err != nil {
 		return s, err
 	}
+	s.Decode = d.str(schema.AttrDecode)
+	s.Sink = d.str(schema.AttrSink)
 	if d.err != nil {
 		return s, d.err
 	}
@@ -174,6 +176,8 @@ func EncodeSpec(it Item, s schema.Spec) {
 	putS(it, schema.AttrSeqReset, s.SeqReset)
 	putN(it, schema.AttrMaxSeqJump, s.MaxSeqJump)
 	encodeRequests(it, s)
+	putS(it, schema.AttrDecode, s.Decode)
+	putS(it, schema.AttrSink, s.Sink)
 }
 
 // secretTypeErr is typeErr without the value: a header may hold a credential.

@@ -50,7 +50,7 @@ func SpecAttrs() []string { return slices.Clone(specAttrs) }
 var specAttrs = []string{schema.AttrHeaders, schema.AttrSubprotocols, schema.AttrOpenMessages, schema.AttrKeepalive,
 	schema.AttrMaxLifetime, schema.AttrShutdownMatch, schema.AttrResume, schema.AttrSeqPath, schema.AttrBadMessages,
 	schema.AttrStart, schema.AttrIdleTimeout, schema.AttrIdleReconnect, schema.AttrSeqReset, schema.AttrMaxSeqJump,
-	schema.AttrTokenRequest, schema.AttrSnapshot}
+	schema.AttrTokenRequest, schema.AttrSnapshot, schema.AttrDecode, schema.AttrSink}
 
 func fromJSON(v any, openMessages bool) (types.AttributeValue, error) {
 	switch x := v.(type) {

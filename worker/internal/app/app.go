@@ -107,12 +107,17 @@ func New(cfg config.Config, d Deps) (*App, error) {
 			return nil, err
 		}
 	}
+	router, err := cfg.OpenRouter(context.Background(), snk, kinesisOptions(cfg, m, d.Log))
+	if err != nil {
+		return nil, err
+	}
+	snk = router
 	sc := d.Stream
 	sc.Sink, sc.Metrics, sc.Log = snk, m, d.Log
+	sc.SinkAllowed = router.Allows
 	if sc.SinkTimeout == 0 {
 		sc.SinkTimeout = cfg.EffectiveSinkTimeout()
 	}
-	var err error
 	if sc.Resume, err = wstream.ParseResume(cfg.Resume); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/lease"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/local/demoupstream"
+	"github.com/sockfleet/sockfleet/shared/local/kinesalite/kinesistest"
 	"github.com/sockfleet/sockfleet/shared/local/localddb"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -29,7 +31,12 @@ import (
 	"github.com/sockfleet/sockfleet/worker/internal/stream"
 )
 
-func TestMain(m *testing.M) { ddbtest.Main(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	ddbtest.Stop()
+	kinesistest.Stop()
+	os.Exit(code)
+}
 
 var secret = []byte("test-secret-0123456789")
 
@@ -204,6 +211,7 @@ type opts struct {
 	idle       time.Duration // set: the fleet's idle_timeout (SOCKFLEET_IDLE_TIMEOUT)
 	stderr     io.Writer     // set: EMF metric lines go here
 	secrets    string        // set: the local secrets file (SOCKFLEET_SECRETS_FILE)
+	sinks      string        // set: SOCKFLEET_SINKS_ALLOWED
 	// transport, if set, carries the worker's table calls instead of its cutter.
 	transport http.RoundTripper
 }
@@ -252,6 +260,7 @@ func (e *env) worker(id string, o opts) *worker {
 		cfg.IdleTimeout = o.idle
 	}
 	cfg.SecretsFile = o.secrets
+	cfg.SinksAllowed = o.sinks
 	if err := cfg.Validate(); err != nil {
 		e.t.Fatal(err)
 	}

@@ -44,6 +44,9 @@ type Config struct {
 	DrainTimeout  time.Duration
 
 	Sink string // stdout | file:PATH | http(s)://URL | kinesis:STREAM (name or ARN)
+	// SinksAllowed lists the destinations a connection's own sink attribute may name
+	// (Kinesis stream names or ARNs, file:PATH), comma or space separated.
+	SinksAllowed string
 	// SinkTimeout bounds one sink write; 0 means min(10s, owner.SinkWindow). It must
 	// fit inside the window, or a write checked just before the fence could land
 	// after another worker may acquire.
@@ -201,6 +204,9 @@ func (c *Config) Validate() error {
 	if err := checkSink(c.Sink); err != nil {
 		bad(schema.EnvSink, "%v", err)
 	}
+	if _, err := schema.ParseSinksAllowed(c.SinksAllowed); err != nil {
+		bad(schema.EnvSinksAllowed, "%v", err)
+	}
 	if _, err := stream.ParseResume(c.Resume); err != nil {
 		bad(schema.EnvResume, "%v", err)
 	}
@@ -345,6 +351,7 @@ func Load(ctx context.Context, getenv func(string) string) (Config, error) {
 	str(schema.EnvConnectQuota, &c.ConnectQuota)
 	str(schema.EnvSeqReset, &c.SeqReset)
 	str(schema.EnvSecretsFile, &c.SecretsFile)
+	str(schema.EnvSinksAllowed, &c.SinksAllowed)
 	dur(schema.EnvSecretsTTL, &c.SecretsTTL)
 	dur(schema.EnvIdleTimeout, &c.IdleTimeout)
 	if v := getenv(schema.EnvMaxSeqJump); v != "" {

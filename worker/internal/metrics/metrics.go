@@ -89,6 +89,7 @@ type Counters struct {
 	Snapshots       atomic.Int64 // snapshot records queued for delivery
 	SnapshotErrors  atomic.Int64 // snapshot requests that failed
 	SnapshotsStale  atomic.Int64 // snapshots older than what was delivered; not delivered
+	DecodeErrors    atomic.Int64 // frames the spec's decode could not decompress within the read limit (also counted as bad)
 
 	// Planned handoffs (docs/HANDOFF.md).
 	Handoffs         atomic.Int64 // leases this worker transferred to another
@@ -147,6 +148,7 @@ var table = []series{
 	{"sockfleet_seq_gap_missing_total", "Sequences skipped over by those gaps.", false, func(c *Counters) *atomic.Int64 { return &c.SeqGapMissing }},
 	{"sockfleet_over_limit_frames_total", "Frames over the read limit (also counted as bad).", false, func(c *Counters) *atomic.Int64 { return &c.OverLimit }},
 	{"sockfleet_bogus_seq_jumps_total", "Sequences further than max_seq_jump ahead (also counted as bad).", false, func(c *Counters) *atomic.Int64 { return &c.BogusJumps }},
+	{"sockfleet_decode_errors_total", "Frames the spec's decode could not decompress within the read limit (also counted as bad).", false, func(c *Counters) *atomic.Int64 { return &c.DecodeErrors }},
 	{"sockfleet_open_failures_total", "Open-message replies or keepalive pongs missing in time.", false, func(c *Counters) *atomic.Int64 { return &c.OpenFailures }},
 	{"sockfleet_idle_total", "Times a connection went idle (no data for idle_timeout).", false, func(c *Counters) *atomic.Int64 { return &c.Idle }},
 	{"sockfleet_idle_connections", "Connections idle now.", true, func(c *Counters) *atomic.Int64 { return &c.IdleNow }},

@@ -36,6 +36,12 @@ type Message struct {
 	Bad     bool // passed on although its sequence could not be parsed
 	// Snapshot marks the answer of the spec's snapshot request, covering Seq.
 	Snapshot bool
+	// Decoded names the decoding that produced Data from the frame (the spec's
+	// decode: gzip, deflate, zlib); "" for a frame delivered as it arrived.
+	Decoded string
+	// Dest is the connection's own sink (its spec's sink attribute); "": the fleet's.
+	// A Router sends the message there.
+	Dest string
 }
 
 // Sink is where messages go. Implementations are safe for concurrent use.
@@ -67,7 +73,7 @@ func Parse(spec string, stdout io.Writer) (Sink, error) {
 
 // Record is m as a sink record (docs/SINKS.md; package sinkrecord encodes it).
 func (m Message) Record() sinkrecord.Record {
-	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Snapshot: m.Snapshot, Data: m.Data, Binary: m.Binary}
+	return sinkrecord.Record{Conn: m.Conn, Seq: m.Seq, Epoch: m.Epoch, Version: m.Version, Bad: m.Bad, Snapshot: m.Snapshot, Decoded: m.Decoded, Data: m.Data, Binary: m.Binary}
 }
 
 // Writer writes JSON lines to an io.Writer, one write per batch. A write that

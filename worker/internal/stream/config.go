@@ -62,10 +62,13 @@ type Config struct {
 	RESTPerHost int          // requests in flight per host, worker-wide; default DefaultRESTPerHost
 	rest        *hostSlots   // shared by the copies WithSink makes
 
-	Sink    sink.Sink
-	Metrics *metrics.Counters
-	Log     *slog.Logger
-	Dialer  *websocket.Dialer // default: built from the settings above
+	Sink sink.Sink
+	// SinkAllowed reports whether a connection's own sink attribute names a
+	// destination Sink can reach (see sink.Router); nil: none may name one.
+	SinkAllowed func(dest string) bool
+	Metrics     *metrics.Counters
+	Log         *slog.Logger
+	Dialer      *websocket.Dialer // default: built from the settings above
 }
 
 // Fill sets defaults and checks the settings.

@@ -44,6 +44,9 @@ func (s *Stream) connect(ctx context.Context, from int64, resumed bool) (*socket
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkSink(); err != nil {
+		return nil, err // not dialed: its messages would have nowhere to go
+	}
 	if err := s.checkSecrets(ctx, dest); err != nil {
 		return nil, err // not dialed: no secret leaves for a host its owner did not allow
 	}
@@ -122,6 +125,7 @@ func (s *Stream) dial(ctx context.Context, raw, dest string, from int64, resumed
 	}
 	d := *s.cfg.Dialer
 	d.Subprotocols = spec.Subprotocols
+	d.EnableCompression = spec.Decode == schema.DecodePermessageDeflate
 	dctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	conn, resp, err := d.DialContext(dctx, target, hdr)
 	cancel()
@@ -238,6 +242,7 @@ func (s *Stream) open(ctx context.Context, sock *socket) error {
 				}
 				return fmt.Errorf("%s[%d]: awaiting reply: %w", schema.AttrOpenMessages, i, classifyReadErr(err))
 			}
+			f = decodeFrame(f, s.set.spec.Decode, s.cfg.ReadLimit)
 			if replyMatches(m, f) {
 				break
 			}

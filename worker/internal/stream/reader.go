@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"compress/flate"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,10 @@ type frame struct {
 	binary bool
 	data   []byte
 	over   bool // longer than the read limit: data holds its first ReadLimit bytes
+	// decoded names the spec's decode that produced data; decodeErr says why the
+	// frame did not decode (data is then the frame as it arrived).
+	decoded   string
+	decodeErr error
 }
 
 // readState is where a socket's reader stands in the upstream's numbering.
@@ -43,6 +48,13 @@ func readFrame(conn *websocket.Conn, limit int64) (frame, error) {
 		return frame{}, err
 	}
 	data, err := io.ReadAll(io.LimitReader(r, limit+1))
+	var corrupt flate.CorruptInputError
+	if errors.As(err, &corrupt) {
+		// A permessage-deflate message that does not inflate: a bad message, not a
+		// broken socket (the extension's messages are independent, as gorilla offers
+		// no context takeover); the next NextReader skips the rest of it.
+		return frame{binary: true, data: data, decodeErr: fmt.Errorf("%s message: %w", schema.DecodePermessageDeflate, err)}, nil
+	}
 	if err != nil {
 		return frame{}, err
 	}
@@ -100,7 +112,8 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 				return errRotated
 			}
 			var err error
-			if f, err = readFrame(conn, s.cfg.ReadLimit); err != nil {
+			f, err = readFrame(conn, s.cfg.ReadLimit)
+			if err != nil {
 				switch {
 				case sock.stopping.Load():
 					return errRotated
@@ -112,6 +125,7 @@ func (s *Stream) read(sock *socket, t *tracker, msgs chan<- sink.Message, rotate
 				}
 				return classifyReadErr(err)
 			}
+			f = decodeFrame(f, spec.Decode, s.cfg.ReadLimit)
 		}
 		if !f.binary && !f.over {
 			if len(pong) > 0 && bytes.Contains(f.data, pong) {

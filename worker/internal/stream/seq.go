@@ -22,7 +22,7 @@ type tracker struct {
 	counter int64 // counter mode: frames numbered so far, from the socket's resume point
 	first   bool  // no data frame yet on this socket
 
-	loggedBad, loggedGap bool
+	loggedBad, loggedGap, loggedDecode bool
 
 	// Snapshots (snapshot.go). While covering, deltas up to the snapshot's sequence
 	// are dropped, and a reset is judged against floor, the deltas' place before it.
@@ -36,12 +36,16 @@ type tracker struct {
 // ends the session (a reset under the halt policy).
 func (t *tracker) next(f frame) (sink.Message, bool, error) {
 	s, set := t.s, t.s.set
-	m := sink.Message{Conn: s.id, Data: f.data, Binary: f.binary, Epoch: t.st.epoch, Version: s.version}
+	m := sink.Message{Conn: s.id, Data: f.data, Binary: f.binary, Epoch: t.st.epoch, Version: s.version,
+		Decoded: f.decoded, Dest: set.spec.Sink}
 	if f.over {
 		s.cfg.Metrics.OverLimit.Add(1)
 	}
 	if set.seqPath.Counter() {
 		t.counter++
+		if f.decodeErr != nil {
+			return t.undecodable(m, f)
+		}
 		if f.over {
 			return t.bad(m, f, "frame over the read limit")
 		}
@@ -52,6 +56,9 @@ func (t *tracker) next(f frame) (sink.Message, bool, error) {
 		t.st.last, t.st.ref = t.counter, true
 		m.Seq = t.counter
 		return m, true, nil
+	}
+	if f.decodeErr != nil {
+		return t.undecodable(m, f)
 	}
 	if f.over {
 		return t.bad(m, f, "frame over the read limit")
@@ -113,6 +120,20 @@ func (t *tracker) reset(m sink.Message, seq int64) (sink.Message, bool, error) {
 	t.st.last, t.st.ref = seq, true
 	m.Seq, m.Epoch = seq, t.st.epoch
 	return m, true, nil
+}
+
+// undecodable handles a frame the spec's decode could not decompress (corrupt, not
+// compressed, or inflating past the read limit): a bad message, counted, and said in
+// the status once per socket, so an operator sees a decode that does not fit the feed.
+func (t *tracker) undecodable(m sink.Message, f frame) (sink.Message, bool, error) {
+	s := t.s
+	s.cfg.Metrics.DecodeErrors.Add(1)
+	if !t.loggedDecode {
+		t.loggedDecode = true
+		s.setStatus("streaming", fmt.Errorf("bad message (bad_messages %s): %s: %w", s.set.bad, schema.AttrDecode, f.decodeErr))
+		s.cfg.Log.Warn("frame does not decode (logged once per socket)", "conn", s.id, "err", f.decodeErr)
+	}
+	return t.bad(m, f, f.decodeErr.Error())
 }
 
 // bad applies the bad-message policy.
