@@ -160,6 +160,33 @@ func tagIs(key, value string) func(jaeger.Span) bool {
 	return func(s jaeger.Span) bool { v, ok := s.Tag(key); return ok && v == value }
 }
 
+// aboutConn matches a span about connection id: its sockfleet.conn attribute is id,
+// or it has none and one of its wakeup.conn events names id. A wakeup call that
+// carries several connections (wakeup.send, and wakeup.handle on the other side)
+// names each in an event, not in an attribute, since it has one per id.
+func aboutConn(id string) func(jaeger.Span) bool {
+	return func(s jaeger.Span) bool {
+		if v, ok := s.Tag("sockfleet.conn"); ok {
+			return v == id
+		}
+		for _, l := range s.Logs {
+			var event, conn string
+			for _, f := range l.Fields {
+				switch f.Key {
+				case "event":
+					event = fmt.Sprint(f.Value)
+				case "sockfleet.conn":
+					conn = fmt.Sprint(f.Value)
+				}
+			}
+			if event == "wakeup.conn" && conn == id {
+				return true
+			}
+		}
+		return false
+	}
+}
+
 // tagIfSet matches a span whose attribute key is value or unset: spans that need
 // not say which connection they are about, but must not say another.
 func tagIfSet(key, value string) func(jaeger.Span) bool {
