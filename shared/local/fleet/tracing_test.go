@@ -161,7 +161,7 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 			{Name: "wakeup.handle", Service: wrk, Match: conn, ChildOfPrev: true},
 			{Name: "lease.acquire", Service: wrk, Match: tagIs("sockfleet.conn", "t0")},
 			{Name: "stream.dial", Service: wrk, Match: tagIs("sockfleet.conn", "t0")},
-			{Name: "sink.first_delivery", Service: wrk, Match: tagIs("sockfleet.conn", "t0")},
+			{Name: "sink.first_delivery", Service: wrk, Match: tagIs("sockfleet.conn", "t0"), Sibling: true},
 		})
 		return prefix("flip of t0", err)
 	})
@@ -226,9 +226,10 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 			spans, err := g.chain([]step{
 				{Name: "worker.drain", Service: wrk, Match: startedBy(drainAt, tagIfSet("sockfleet.worker", drained.ID))},
 				{Name: "handoff.prepare", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(drained.ID))},
-				{Name: "handoff.cut", Service: wrk, Match: both(tagIs("sockfleet.conn", id), tagIs("sockfleet.worker", drained.ID))},
+				{Name: "handoff.cut", Service: wrk, Match: both(tagIs("sockfleet.conn", id), tagIs("sockfleet.worker", drained.ID)), Sibling: true},
 				{Name: "handoff.commit", Service: wrk, Match: tagIs("sockfleet.conn", id)},
-				{Name: "sink.first_delivery", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(drained.ID))},
+				// At the commit (held messages) or in the standby session (prepare's).
+				{Name: "sink.first_delivery", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(drained.ID)), Sibling: true},
 			})
 			if err == nil {
 				for _, s := range spans {
@@ -286,8 +287,8 @@ func prefix(what string, err error) error {
 }
 
 // The chain check itself, on spans made up here: causes are followed through
-// parents and links across traces, order is by start time, and a hop that must be
-// a parent is one.
+// parents and links across traces, each step from the one before it (a sibling
+// from the first), order is by start time, and a hop that must be a parent is one.
 func TestSpanChain(t *testing.T) {
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	sp := func(id, name string, at time.Duration, refs ...string) jaeger.Span {
@@ -311,7 +312,8 @@ func TestSpanChain(t *testing.T) {
 		trace(rec, sp("r1", "reaper.release", 0), sp("r2", "reconcile.record", 10*time.Millisecond, "link:r1"),
 			sp("r3", "wakeup.send", 11*time.Millisecond, "r2")),
 		trace(wrk, sp("w1", "wakeup.handle", 12*time.Millisecond, "r3"), sp("w2", "lease.acquire", 13*time.Millisecond, "w1"),
-			sp("w3", "connection.session", 14*time.Millisecond, "link:w2"), sp("w4", "sink.first_delivery", 20*time.Millisecond, "w3"),
+			sp("w3", "connection.session", 14*time.Millisecond, "link:w2"), sp("w5", "stream.dial", 15*time.Millisecond, "w3"),
+			sp("w4", "sink.first_delivery", 20*time.Millisecond, "w3"),
 			sp("x1", "sink.first_delivery", 30*time.Millisecond)),
 	}
 	g := newSpanGraph(traces)
@@ -327,13 +329,21 @@ func TestSpanChain(t *testing.T) {
 	if got[len(got)-1].SpanID != "w4" {
 		t.Errorf("delivery %s, want w4 (x1 was not caused by the release)", got[len(got)-1].SpanID)
 	}
+	// The dial and the delivery are the session's children: the dial did not cause
+	// the delivery, so the delivery follows it only as a Sibling.
+	siblings := []step{{Name: "lease.acquire", Service: wrk}, {Name: "stream.dial", Service: wrk},
+		{Name: "sink.first_delivery", Service: wrk, Sibling: true}}
+	if _, err := g.chain(siblings); err != nil {
+		t.Errorf("siblings: %v", err)
+	}
 	for name, steps := range map[string][]step{
 		"wrong order":   {{Name: "lease.acquire", Service: wrk}, {Name: "wakeup.handle", Service: wrk}},
 		"wrong service": {{Name: "reaper.release", Service: wrk}},
 		"not a cause": {{Name: "sink.first_delivery", Service: wrk, Match: func(s jaeger.Span) bool { return s.SpanID == "x1" }},
 			{Name: "lease.acquire", Service: wrk}},
-		"a link is not a parent": {{Name: "reaper.release", Service: rec}, {Name: "reconcile.record", Service: rec, ChildOfPrev: true}},
-		"missing span":           append(ok[:2:2], step{Name: "handoff.cut", Service: wrk}),
+		"a sibling is not a cause": append(siblings[:2:2], step{Name: "sink.first_delivery", Service: wrk}),
+		"a link is not a parent":   {{Name: "reaper.release", Service: rec}, {Name: "reconcile.record", Service: rec, ChildOfPrev: true}},
+		"missing span":             append(ok[:2:2], step{Name: "handoff.cut", Service: wrk}),
 	} {
 		if _, err := g.chain(steps); err == nil {
 			t.Errorf("%s: a chain was found", name)
