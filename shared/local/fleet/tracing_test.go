@@ -1,6 +1,7 @@
 package fleet_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"github.com/sockfleet/sockfleet/shared/local/jaeger"
 	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 const (
@@ -221,6 +223,17 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 	waitFor(t, 10*time.Second, "the drained worker's connections streaming elsewhere", func() (bool, string) {
 		return f.streamingElsewhere(handed, drained.ID)
 	})
+	// A target's first delivery may come with the next upstream message after the
+	// commit: wait for it before ending the target's sessions.
+	waitFor(t, 10*time.Second, "a delivery of each drained connection by its new owner", func() (bool, string) {
+		cs := f.conns()
+		for _, id := range handed {
+			if ok, why := f.deliveredBy(cs[id].LeaseOwner, id); !ok {
+				return false, why
+			}
+		}
+		return true, ""
+	})
 	for _, id := range handed {
 		chains = append(chains, func(g *spanGraph) error {
 			spans, err := g.chain([]step{
@@ -260,6 +273,20 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 	}
 	inJaeger(chains...)
 	t.Logf("%d ownership chains checked in Jaeger (UI %s)", checked, j.UI)
+}
+
+// deliveredBy reports whether worker's sink holds a message of connection id.
+func (f *testFleet) deliveredBy(worker, id string) (bool, string) {
+	b, err := os.ReadFile(filepath.Join(f.dir, "sinks", worker+".jsonl"))
+	if err != nil {
+		return false, err.Error()
+	}
+	for line := range bytes.Lines(b) {
+		if r, err := sinkrecord.Parse(line); err == nil && !r.Bad && r.Conn == id {
+			return true, ""
+		}
+	}
+	return false, worker + " has delivered nothing of " + id
 }
 
 // keepTraces writes what Jaeger returned to traces.json among the fleet's logs, which
