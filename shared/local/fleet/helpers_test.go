@@ -90,6 +90,8 @@ type fleetOptions struct {
 	// OTLPEndpoint, if set, is where the workers and the reconciler export spans (a
 	// local Jaeger); they export every 100 ms, so a test reads them back soon.
 	OTLPEndpoint string
+	// ReconcilerEnv is extra environment for the reconciler, after the defaults.
+	ReconcilerEnv []string
 }
 
 var (
@@ -209,11 +211,11 @@ func startFleetWith(t *testing.T, o fleetOptions) *testFleet {
 			}
 			return env
 		},
-		ReconcilerEnv: []string{
+		ReconcilerEnv: append([]string{
 			schema.EnvSkewMargin + "=" + testMargin.String(),
 			schema.EnvNudgeAfter + "=" + testNudge.String(),
 			schema.EnvSweepPeriod + "=" + testSweep.String(),
-		},
+		}, o.ReconcilerEnv...),
 		SweepEvery:   testSweep,
 		OTLPEndpoint: o.OTLPEndpoint,
 		TraceEnv:     []string{"OTEL_BSP_SCHEDULE_DELAY=100"},

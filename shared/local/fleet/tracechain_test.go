@@ -56,20 +56,24 @@ func (g *spanGraph) follows(id, cause string) bool {
 }
 
 // step is one span a chain expects: its name, the service it comes from, and a
-// check of its attributes (nil: any). ChildOfPrev asks for the previous step's span
-// as its parent: the hop whose context crosses a process boundary.
+// check of its attributes (nil: any). Its span is caused by the previous step's
+// (reached from it through parents and links), unless Sibling says that both come
+// from an earlier step (a session's dial and its first delivery), when it need only
+// follow the chain's first span. ChildOfPrev asks for the previous step's span as
+// its parent: the hop whose context crosses a process boundary.
 type step struct {
 	Name, Service string
 	Match         func(jaeger.Span) bool
 	ChildOfPrev   bool
+	Sibling       bool
 }
 
 // skew is how far a span may start before the one it follows: start times are
 // microseconds from one clock (every process runs on this machine).
 const skew = time.Millisecond
 
-// chain finds spans s0, s1, … matching steps, each caused by s0 (follows) and
-// starting no earlier than the one before it, and returns them; or an error saying
+// chain finds spans s0, s1, … matching steps, each caused by the one before it
+// (or, for a Sibling, by s0) and starting no earlier than the one before it, and returns them; or an error saying
 // which step found no span and what the run had of that name.
 func (g *spanGraph) chain(steps []step) ([]jaeger.Span, error) {
 	var ids []string
@@ -97,7 +101,11 @@ func (g *spanGraph) chain(steps []step) ([]jaeger.Span, error) {
 			}
 			if i > 0 {
 				prev := g.spans[path[i-1]]
-				if g.spans[id].Start().Before(prev.Start().Add(-skew)) || !g.follows(id, path[0]) {
+				cause := path[i-1]
+				if steps[i].Sibling {
+					cause = path[0]
+				}
+				if g.spans[id].Start().Before(prev.Start().Add(-skew)) || !g.follows(id, cause) {
 					continue
 				}
 				if steps[i].ChildOfPrev && g.parent[id] != path[i-1] {
@@ -158,6 +166,33 @@ func (g *spanGraph) census() string {
 // tagIs matches a span whose attribute key is value.
 func tagIs(key, value string) func(jaeger.Span) bool {
 	return func(s jaeger.Span) bool { v, ok := s.Tag(key); return ok && v == value }
+}
+
+// aboutConn matches a span about connection id: its sockfleet.conn attribute is id,
+// or it has none and one of its wakeup.conn events names id. A wakeup call that
+// carries several connections (wakeup.send, and wakeup.handle on the other side)
+// names each in an event, not in an attribute, since it has one per id.
+func aboutConn(id string) func(jaeger.Span) bool {
+	return func(s jaeger.Span) bool {
+		if v, ok := s.Tag("sockfleet.conn"); ok {
+			return v == id
+		}
+		for _, l := range s.Logs {
+			var event, conn string
+			for _, f := range l.Fields {
+				switch f.Key {
+				case "event":
+					event = fmt.Sprint(f.Value)
+				case "sockfleet.conn":
+					conn = fmt.Sprint(f.Value)
+				}
+			}
+			if event == "wakeup.conn" && conn == id {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // tagIfSet matches a span whose attribute key is value or unset: spans that need

@@ -1,7 +1,9 @@
 package fleet_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +14,9 @@ import (
 
 	"github.com/sockfleet/sockfleet/shared/local/fleet"
 	"github.com/sockfleet/sockfleet/shared/local/jaeger"
+	"github.com/sockfleet/sockfleet/shared/registry"
 	"github.com/sockfleet/sockfleet/shared/schema"
+	"github.com/sockfleet/sockfleet/shared/sinkrecord"
 )
 
 const (
@@ -66,14 +70,58 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(j.Stop)
-	f := startFleetWith(t, fleetOptions{Workers: 2, OTLPEndpoint: j.OTLPEndpoint})
+	// No rebalancing: a round moving a connection while the test drains its owner
+	// would start that connection's move from rebalance.round, not worker.drain.
+	f := startFleetWith(t, fleetOptions{Workers: 2, OTLPEndpoint: j.OTLPEndpoint,
+		ReconcilerEnv: []string{schema.EnvRebalance + "=off"}})
 	ids := []string{"t0", "t1", "t2", "t3"}
 	for _, id := range ids {
 		f.add(id)
 	}
 	waitFor(t, 15*time.Second, "all connections streaming", func() (bool, string) { return f.streamingElsewhere(ids, "") })
 
-	var chains []func(*spanGraph) error
+	// inJaeger checks chains against what Jaeger has, polling while the processes'
+	// batches arrive, and fails the test with what is missing. A span reaches Jaeger
+	// when it ends, and a connection.session (the parent of a session's dial and
+	// first delivery) ends with the session: a chain is checked once its sessions
+	// have ended, and before a SIGKILL could lose them (a killed worker exports
+	// nothing more).
+	c := j.Client()
+	since, checked := time.Now().Add(-time.Minute), 0
+	inJaeger := func(chains ...func(*spanGraph) error) {
+		t.Helper()
+		var errs []string
+		var traces []jaeger.Trace
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			traces = traces[:0]
+			for _, svc := range []string{rec, wrk} {
+				tr, err := c.Traces(context.Background(), jaeger.Query{Service: svc, Since: since, Limit: 2000})
+				if err != nil {
+					t.Fatal(err)
+				}
+				traces = append(traces, tr...)
+			}
+			g := newSpanGraph(traces)
+			errs = errs[:0]
+			for _, check := range chains {
+				if err := check(g); err != nil {
+					errs = append(errs, err.Error())
+				}
+			}
+			if len(errs) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		for _, e := range errs {
+			t.Error(e)
+		}
+		if len(errs) > 0 {
+			keepTraces(t, f.dir, traces)
+		}
+		checked += len(chains)
+	}
 	// owner returns the slot, process and connections of the worker that owns most.
 	owner := func() (int, *fleet.Proc, []string) {
 		waitFor(t, 15*time.Second, "all connections streaming", func() (bool, string) { return f.streamingElsewhere(ids, "") })
@@ -100,22 +148,30 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 	flipAt := time.Now()
 	f.setState("t0", schema.Started)
 	waitFor(t, 5*time.Second, "t0 streaming again", func() (bool, string) { return f.streamingElsewhere([]string{"t0"}, "") })
-	chains = append(chains, func(g *spanGraph) error {
-		conn := tagIfSet("sockfleet.conn", "t0")
+	// Stopped again, its session ends and is exported; then it is back for the rest.
+	f.setState("t0", schema.Stopped)
+	waitFor(t, 5*time.Second, "t0 released again", func() (bool, string) {
+		c := f.conns()["t0"]
+		return !c.Owned() && f.up.Stats("t0").Clients == 0, fmt.Sprintf("%+v", c)
+	})
+	inJaeger(func(g *spanGraph) error {
+		conn := aboutConn("t0")
 		_, err := g.chain([]step{
 			{Name: "reconcile.batch", Service: rec, Match: startedBy(flipAt, nil)},
 			{Name: "reconcile.record", Service: rec, Match: tagIs("sockfleet.conn", "t0"), ChildOfPrev: true},
-			{Name: "wakeup.send", Service: rec, Match: tagIs("sockfleet.conn", "t0")},
+			{Name: "wakeup.send", Service: rec, Match: conn},
 			{Name: "wakeup.handle", Service: wrk, Match: conn, ChildOfPrev: true},
 			{Name: "lease.acquire", Service: wrk, Match: tagIs("sockfleet.conn", "t0")},
-			{Name: "stream.dial", Service: wrk, Match: conn},
-			{Name: "sink.first_delivery", Service: wrk, Match: conn},
+			{Name: "stream.dial", Service: wrk, Match: tagIs("sockfleet.conn", "t0")},
+			{Name: "sink.first_delivery", Service: wrk, Match: tagIs("sockfleet.conn", "t0"), Sibling: true},
 		})
 		return prefix("flip of t0", err)
 	})
+	f.setState("t0", schema.Started)
 
 	// A crash: SIGKILL the worker that owns most; the supervisor reports the task
-	// stopped, as ECS would.
+	// stopped, as ECS would. Its connections may be woken up one per call or several
+	// in one call (a wakeup.send linked to the records it carries beyond its parent).
 	slot, victim, moved := owner()
 	killAt := time.Now()
 	if err := f.stack.Sup.Signal(slot, syscall.SIGKILL); err != nil {
@@ -124,22 +180,41 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 	waitFor(t, 10*time.Second, "the killed worker's connections streaming elsewhere", func() (bool, string) {
 		return f.streamingElsewhere(moved, victim.ID)
 	})
+	var chains []func(*spanGraph) error
 	for _, id := range moved {
 		chains = append(chains, func(g *spanGraph) error {
-			conn := tagIfSet("sockfleet.conn", id)
+			conn := aboutConn(id)
 			_, err := g.chain([]step{
 				{Name: "reaper.release", Service: rec, Match: startedBy(killAt, tagIs("sockfleet.cause", "task_stopped"))},
 				{Name: "reconcile.record", Service: rec, Match: tagIs("sockfleet.conn", id)},
-				{Name: "wakeup.send", Service: rec, Match: tagIs("sockfleet.conn", id)},
+				{Name: "wakeup.send", Service: rec, Match: conn},
 				{Name: "wakeup.handle", Service: wrk, Match: conn, ChildOfPrev: true},
 				{Name: "lease.acquire", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(victim.ID))},
-				{Name: "sink.first_delivery", Service: wrk, Match: conn},
+				{Name: "sink.first_delivery", Service: wrk, Match: tagIs("sockfleet.conn", id)},
 			})
 			return prefix(fmt.Sprintf("SIGKILL of %s, %s", victim.ID, id), err)
 		})
 	}
 
-	// A drain: SIGTERM the worker that owns most (the replacement started by now).
+	// A drain: SIGTERM the worker that owns most, once the killed one's replacement
+	// is a live member it can hand its connections to (before that, a drain has no
+	// target and releases them, as it must).
+	waitFor(t, 15*time.Second, "the killed worker's replacement, a live member", func() (bool, string) {
+		q := f.stack.Sup.Get(slot)
+		if q == nil || q.ID == victim.ID {
+			return false, "not started"
+		}
+		ws, _, err := (&registry.Registry{DB: f.env.DB, Table: f.env.Table}).List(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, w := range registry.Live(ws, time.Now()) {
+			if w.ID == q.ID && !w.Draining {
+				return true, ""
+			}
+		}
+		return false, q.ID + " not a live member yet"
+	})
 	slot, drained, handed := owner()
 	drainAt := time.Now()
 	if err := f.stack.Sup.Signal(slot, syscall.SIGTERM); err != nil {
@@ -148,15 +223,26 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 	waitFor(t, 10*time.Second, "the drained worker's connections streaming elsewhere", func() (bool, string) {
 		return f.streamingElsewhere(handed, drained.ID)
 	})
+	// A target's first delivery may come with the next upstream message after the
+	// commit: wait for it before ending the target's sessions.
+	waitFor(t, 10*time.Second, "a delivery of each drained connection by its new owner", func() (bool, string) {
+		cs := f.conns()
+		for _, id := range handed {
+			if ok, why := f.deliveredBy(cs[id].LeaseOwner, id); !ok {
+				return false, why
+			}
+		}
+		return true, ""
+	})
 	for _, id := range handed {
 		chains = append(chains, func(g *spanGraph) error {
-			conn := tagIfSet("sockfleet.conn", id)
 			spans, err := g.chain([]step{
 				{Name: "worker.drain", Service: wrk, Match: startedBy(drainAt, tagIfSet("sockfleet.worker", drained.ID))},
-				{Name: "handoff.prepare", Service: wrk, Match: both(conn, notWorker(drained.ID))},
-				{Name: "handoff.cut", Service: wrk, Match: both(conn, tagIfSet("sockfleet.worker", drained.ID))},
-				{Name: "handoff.commit", Service: wrk, Match: conn},
-				{Name: "sink.first_delivery", Service: wrk, Match: both(conn, notWorker(drained.ID))},
+				{Name: "handoff.prepare", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(drained.ID))},
+				{Name: "handoff.cut", Service: wrk, Match: both(tagIs("sockfleet.conn", id), tagIs("sockfleet.worker", drained.ID)), Sibling: true},
+				{Name: "handoff.commit", Service: wrk, Match: tagIs("sockfleet.conn", id)},
+				// At the commit (held messages) or in the standby session (prepare's).
+				{Name: "sink.first_delivery", Service: wrk, Match: both(tagIs("sockfleet.conn", id), notWorker(drained.ID)), Sibling: true},
 			})
 			if err == nil {
 				for _, s := range spans {
@@ -168,36 +254,51 @@ func TestOwnershipTracesInJaeger(t *testing.T) {
 			return prefix(fmt.Sprintf("drain of %s, %s", drained.ID, id), err)
 		})
 	}
-
-	// Jaeger has what each process exported by now, or within a few batch delays.
-	c := j.Client()
-	var errs []string
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var traces []jaeger.Trace
-		for _, svc := range []string{rec, wrk} {
-			tr, err := c.Traces(context.Background(), jaeger.Query{Service: svc, Since: flipAt.Add(-time.Minute), Limit: 2000})
-			if err != nil {
+	// The sessions of both chains end: the drained worker's (the new owner after the
+	// SIGKILL) at its exit, the targets' when the other worker is drained too.
+	for _, p := range []*fleet.Proc{drained, f.stack.Sup.Get(1 - slot)} {
+		if p == nil {
+			t.Fatal("a worker slot is empty")
+		}
+		if p != drained {
+			if err := f.stack.Sup.Signal(1-slot, syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
-			traces = append(traces, tr...)
 		}
-		g := newSpanGraph(traces)
-		errs = errs[:0]
-		for _, check := range chains {
-			if err := check(g); err != nil {
-				errs = append(errs, err.Error())
-			}
+		select {
+		case <-p.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s did not exit within 10s of SIGTERM", p.ID)
 		}
-		if len(errs) == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
 	}
-	for _, e := range errs {
-		t.Error(e)
+	inJaeger(chains...)
+	t.Logf("%d ownership chains checked in Jaeger (UI %s)", checked, j.UI)
+}
+
+// deliveredBy reports whether worker's sink holds a message of connection id.
+func (f *testFleet) deliveredBy(worker, id string) (bool, string) {
+	b, err := os.ReadFile(filepath.Join(f.dir, "sinks", worker+".jsonl"))
+	if err != nil {
+		return false, err.Error()
 	}
-	t.Logf("%d ownership chains checked in Jaeger (UI %s)", len(chains), j.UI)
+	for line := range bytes.Lines(b) {
+		if r, err := sinkrecord.Parse(line); err == nil && !r.Bad && r.Conn == id {
+			return true, ""
+		}
+	}
+	return false, worker + " has delivered nothing of " + id
+}
+
+// keepTraces writes what Jaeger returned to traces.json among the fleet's logs, which
+// a failed test keeps.
+func keepTraces(t *testing.T, dir string, traces []jaeger.Trace) {
+	b, err := json.Marshal(traces)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "logs", "traces.json"), b, 0o644)
+	}
+	if err != nil {
+		t.Logf("keeping the traces: %v", err)
+	}
 }
 
 // notWorker matches a span that is not about worker id (sockfleet.worker unset or another).
@@ -213,8 +314,8 @@ func prefix(what string, err error) error {
 }
 
 // The chain check itself, on spans made up here: causes are followed through
-// parents and links across traces, order is by start time, and a hop that must be
-// a parent is one.
+// parents and links across traces, each step from the one before it (a sibling
+// from the first), order is by start time, and a hop that must be a parent is one.
 func TestSpanChain(t *testing.T) {
 	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	sp := func(id, name string, at time.Duration, refs ...string) jaeger.Span {
@@ -238,7 +339,8 @@ func TestSpanChain(t *testing.T) {
 		trace(rec, sp("r1", "reaper.release", 0), sp("r2", "reconcile.record", 10*time.Millisecond, "link:r1"),
 			sp("r3", "wakeup.send", 11*time.Millisecond, "r2")),
 		trace(wrk, sp("w1", "wakeup.handle", 12*time.Millisecond, "r3"), sp("w2", "lease.acquire", 13*time.Millisecond, "w1"),
-			sp("w3", "connection.session", 14*time.Millisecond, "link:w2"), sp("w4", "sink.first_delivery", 20*time.Millisecond, "w3"),
+			sp("w3", "connection.session", 14*time.Millisecond, "link:w2"), sp("w5", "stream.dial", 15*time.Millisecond, "w3"),
+			sp("w4", "sink.first_delivery", 20*time.Millisecond, "w3"),
 			sp("x1", "sink.first_delivery", 30*time.Millisecond)),
 	}
 	g := newSpanGraph(traces)
@@ -254,19 +356,91 @@ func TestSpanChain(t *testing.T) {
 	if got[len(got)-1].SpanID != "w4" {
 		t.Errorf("delivery %s, want w4 (x1 was not caused by the release)", got[len(got)-1].SpanID)
 	}
+	// The dial and the delivery are the session's children: the dial did not cause
+	// the delivery, so the delivery follows it only as a Sibling.
+	siblings := []step{{Name: "lease.acquire", Service: wrk}, {Name: "stream.dial", Service: wrk},
+		{Name: "sink.first_delivery", Service: wrk, Sibling: true}}
+	if _, err := g.chain(siblings); err != nil {
+		t.Errorf("siblings: %v", err)
+	}
 	for name, steps := range map[string][]step{
 		"wrong order":   {{Name: "lease.acquire", Service: wrk}, {Name: "wakeup.handle", Service: wrk}},
 		"wrong service": {{Name: "reaper.release", Service: wrk}},
 		"not a cause": {{Name: "sink.first_delivery", Service: wrk, Match: func(s jaeger.Span) bool { return s.SpanID == "x1" }},
 			{Name: "lease.acquire", Service: wrk}},
-		"a link is not a parent": {{Name: "reaper.release", Service: rec}, {Name: "reconcile.record", Service: rec, ChildOfPrev: true}},
-		"missing span":           append(ok[:2:2], step{Name: "handoff.cut", Service: wrk}),
+		"a sibling is not a cause": append(siblings[:2:2], step{Name: "sink.first_delivery", Service: wrk}),
+		"a link is not a parent":   {{Name: "reaper.release", Service: rec}, {Name: "reconcile.record", Service: rec, ChildOfPrev: true}},
+		"missing span":             append(ok[:2:2], step{Name: "handoff.cut", Service: wrk}),
 	} {
 		if _, err := g.chain(steps); err == nil {
 			t.Errorf("%s: a chain was found", name)
 		} else if name == "missing span" && !strings.Contains(err.Error(), "no handoff.cut span") {
 			t.Errorf("%s: %v, want it to name the missing span", name, err)
 		}
+	}
+}
+
+// One wakeup carrying two released connections: its wakeup.send is the child of the
+// first record (c1) and linked to the second (c2), and names each in a wakeup.conn
+// event, as does the worker's wakeup.handle. Each connection's chain runs through
+// it, the second's by the link; a connection it does not carry has none.
+func TestSpanChainBatchedWakeup(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	sp := func(id, name string, at time.Duration, tags map[string]string, events []string, refs ...jaeger.Reference) jaeger.Span {
+		s := jaeger.Span{SpanID: id, OperationName: name, StartTime: t0.Add(at).UnixMicro(), ProcessID: "p1", References: refs}
+		for k, v := range tags {
+			s.Tags = append(s.Tags, jaeger.KeyValue{Key: k, Type: "string", Value: v})
+		}
+		for _, c := range events {
+			s.Logs = append(s.Logs, jaeger.Log{Fields: []jaeger.KeyValue{{Key: "event", Value: "wakeup.conn"}, {Key: "sockfleet.conn", Value: c}}})
+		}
+		return s
+	}
+	parent := func(id string) jaeger.Reference { return jaeger.Reference{RefType: "CHILD_OF", SpanID: id} }
+	link := func(id string) jaeger.Reference { return jaeger.Reference{RefType: "FOLLOWS_FROM", SpanID: id} }
+	conn := func(id string) map[string]string { return map[string]string{"sockfleet.conn": id} }
+	ms := time.Millisecond
+	traces := []jaeger.Trace{
+		{Processes: map[string]jaeger.Process{"p1": {ServiceName: rec}}, Spans: []jaeger.Span{
+			sp("r1", "reaper.release", 0, nil, nil),
+			sp("r2", "reconcile.record", 10*ms, conn("c1"), nil, parent("r1")),
+			sp("r3", "reconcile.record", 10*ms, conn("c2"), nil, parent("r1")),
+			sp("r4", "reconcile.record", 10*ms, conn("c3"), nil, parent("r1")),
+			sp("r5", "wakeup.send", 11*ms, nil, []string{"c1", "c2"}, parent("r2"), link("r3")),
+		}},
+		{Processes: map[string]jaeger.Process{"p1": {ServiceName: wrk}}, Spans: []jaeger.Span{
+			sp("w1", "wakeup.handle", 12*ms, nil, []string{"c1", "c2"}, parent("r5")),
+			sp("w2", "lease.acquire", 13*ms, conn("c1"), nil, parent("w1")),
+			sp("w3", "lease.acquire", 13*ms, conn("c2"), nil, parent("w1")),
+		}},
+	}
+	g := newSpanGraph(traces)
+	steps := func(id string) []step {
+		return []step{
+			{Name: "reaper.release", Service: rec},
+			{Name: "reconcile.record", Service: rec, Match: tagIs("sockfleet.conn", id), ChildOfPrev: true},
+			{Name: "wakeup.send", Service: rec, Match: aboutConn(id)},
+			{Name: "wakeup.handle", Service: wrk, Match: aboutConn(id), ChildOfPrev: true},
+			{Name: "lease.acquire", Service: wrk, Match: tagIs("sockfleet.conn", id)},
+		}
+	}
+	for _, id := range []string{"c1", "c2"} {
+		got, err := g.chain(steps(id))
+		if err != nil {
+			t.Errorf("%s: %v", id, err)
+			continue
+		}
+		if got[2].SpanID != "r5" {
+			t.Errorf("%s: wakeup.send %s, want r5", id, got[2].SpanID)
+		}
+	}
+	if _, err := g.chain(steps("c3")); err == nil || !strings.Contains(err.Error(), "no wakeup.send span") {
+		t.Errorf("c3, not carried by the wakeup: %v, want no wakeup.send found", err)
+	}
+	// Without the link, the second record's chain stops at its record.
+	traces[0].Spans[4].References = traces[0].Spans[4].References[:1]
+	if _, err := newSpanGraph(traces).chain(steps("c2")); err == nil {
+		t.Error("c2: a chain was found through a wakeup neither child of nor linked to its record")
 	}
 }
 

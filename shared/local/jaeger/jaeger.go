@@ -146,6 +146,8 @@ func start(o Options) (*Proc, error) {
 // Config is the collector configuration Start runs Jaeger with: only the OTLP/HTTP
 // receiver (the exporter the fleet uses), memory storage, and the query API; every
 // listener on loopback, and no internal metrics listener, so several run side by side.
+// The query API traces nothing of its own (enable_tracing, on by default, would
+// export Jaeger's own spans over OTLP/gRPC to 127.0.0.1:4317, where nothing listens).
 func Config(otlpPort, queryPort, queryGRPCPort, maxTraces int) string {
 	return fmt.Sprintf(`service:
   extensions: [jaeger_storage, jaeger_query]
@@ -168,6 +170,7 @@ extensions:
         memory:
           max_traces: %d
   jaeger_query:
+    enable_tracing: false
     storage:
       traces: memstore
     http:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -214,5 +215,36 @@ func TestSideBySideAndPortInUse(t *testing.T) {
 	}
 	if _, err := jaeger.Start(jaeger.Options{QueryPort: port(a.UI), OTLPPort: port(a.OTLPEndpoint), Ready: 5 * time.Second}); err == nil {
 		t.Error("started on ports in use")
+	}
+}
+
+// Jaeger traces nothing of its own: with an OTLP endpoint in its environment, as a
+// developer's shell may have, it never dials it (its query API would otherwise
+// export its own spans there over gRPC, and log each failed dial).
+func TestJaegerExportsNoTelemetryOfItsOwn(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dialed := make(chan struct{}, 1)
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			c.Close()
+			dialed <- struct{}{}
+		}
+	}()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+l.Addr().String())
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	j := start(t)
+	for range 5 { // query calls, which a tracing query API makes spans of
+		if _, err := j.Client().Traces(context.Background(), jaeger.Query{Service: "nobody"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-dialed:
+		t.Error("Jaeger dialed the OTLP endpoint of its environment: it exports telemetry of its own")
+	case <-time.After(2 * time.Second):
 	}
 }
