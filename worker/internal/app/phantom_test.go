@@ -220,3 +220,36 @@ func handedStart(t *testing.T) (*env, *ledger, *worker, *worker, int64) {
 	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
 	return e, l, w1, w2, e.get("c1").LeaseVersion
 }
+
+// A stale released image (no owner, expiry 0, a lower version: the item as it was
+// before the holder's acquire) written back while the holder streams, and a worker
+// starting right then: its start-up pass must not take the lease, which only looks
+// free (the holder takes it back at its next checkpoint); before the pass required
+// the reconciler's unheld mark, it did, and both delivered until that checkpoint.
+func TestStartupPassLeavesAStaleReleasedImage(t *testing.T) {
+	e := newEnv(t, rate)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{checkpoint: 3 * time.Second})
+	e.putConn("c1", schema.Started)
+	if r := e.wake(w1, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("wake: %+v", r)
+	}
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+	c := e.get("c1")
+	stale := codec.EncodeConnection(codec.Connection{ID: "c1", DesiredState: schema.Started, WSURL: c.WSURL,
+		LeaseVersion: c.LeaseVersion - 1000, Status: "released"})
+	stale[schema.AttrLeaseExpires] = codec.N(0)
+	if _, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table, Item: stale}); err != nil {
+		t.Fatal(err)
+	}
+	w2 := e.handoffWorker("w2", &l, opts{startup: true})
+	waitFor(t, 10*time.Second, "c1 named by w1 again, or taken by w2", func() bool {
+		return e.get("c1").LeaseOwner == "w1" || w2.Metrics.Acquisitions.Load() != 0
+	})
+	if n := l.count("c1", "w2"); n != 0 || w2.Metrics.Acquisitions.Load() != 0 {
+		t.Fatalf("w2 took the stale image in its start-up pass: %d messages, %d acquisitions", n, w2.Metrics.Acquisitions.Load())
+	}
+	if w1.Metrics.LeasesLost.Load() != 0 {
+		t.Fatal("w1 lost its lease to a stale image")
+	}
+}
