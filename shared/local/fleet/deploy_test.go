@@ -17,7 +17,8 @@ import (
 // connections, one at a time, with SIGTERM: each drain hands its connections to the
 // others make-before-break. Over the whole run, per connection: no sequence gap, no
 // duplicate, one deliverer at a time (arrival order at the sink is exactly 1, 2, 3,
-// … across workers), and two upstream sockets at once only for the short overlap of
+// … across workers, but for a worker's own replay after a sink write it gave up on:
+// fleet.CheckSerialReplays), and two upstream sockets at once only for the short overlap of
 // a handoff. Every connection a drain moves is handed off, none released.
 func TestRollingDeploy(t *testing.T) {
 	if testing.Short() {
