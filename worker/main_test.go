@@ -51,8 +51,11 @@ func TestProcessStreamsAndDrainsOnSIGTERM(t *testing.T) {
 	}
 	defer up.Close()
 	ctx := context.Background()
-	if _, err := e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &e.Table, Item: codec.EncodeConnection(
-		codec.Connection{ID: "p1", DesiredState: schema.Started, WSURL: up.URL("p1")})}); err != nil {
+	// Free, with the mark the reconciler's sweep leaves on a connection nobody took,
+	// an hour old: what the start-up pass takes.
+	p1 := codec.EncodeConnection(codec.Connection{ID: "p1", DesiredState: schema.Started, WSURL: up.URL("p1")})
+	p1[schema.AttrUnheldSince] = codec.N(time.Now().Add(-time.Hour).UnixMilli())
+	if _, err := e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &e.Table, Item: p1}); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeAddr(t)

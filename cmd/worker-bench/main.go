@@ -446,7 +446,11 @@ func (b *bench) newTableURL(n int, base string) (string, error) {
 			if withSpec {
 				c.Spec = benchSpec
 			}
-			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: codec.EncodeConnection(c)}})
+			it := codec.EncodeConnection(c)
+			// No reconciler runs here: the start-up pass takes them, which in stream
+			// mode needs the mark the sweep leaves on connections nobody took.
+			it[schema.AttrUnheldSince] = codec.N(time.Now().Add(-time.Hour).UnixMilli())
+			reqs = append(reqs, types.WriteRequest{PutRequest: &types.PutRequest{Item: it}})
 		}
 		sem <- struct{}{}
 		wg.Go(func() {

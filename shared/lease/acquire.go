@@ -31,6 +31,26 @@ func (s *Store) Acquire(ctx context.Context, id, worker string) (Lease, error) {
 // the window in which a clock lagging the issuer's could hand out a version below
 // one already issued (see package doc). floor 0: none.
 func (s *Store) AcquireAbove(ctx context.Context, id, worker string, floor int64) (Lease, error) {
+	return s.acquire(ctx, id, worker, floor, 0)
+}
+
+// AcquireUnheld is Acquire of a lease that has carried the reconciler's mark
+// (unheld_since_ms, schema.AttrUnheldSince) since sinceMs or earlier: an acquire
+// that no stream record drove (the start-up pass). Such an acquirer cannot tell a
+// release from a stale released image written back over a live holder's lease, and
+// the mark is how the reconciler tells them apart too: written on an unowned item,
+// removed by any acquire or reclaim, so a mark older than the longest a holder takes
+// to find an edit (its checkpoint or backstop read) says nobody is taking the lease
+// back. A free lease without such a mark is refused with ErrHeld.
+func (s *Store) AcquireUnheld(ctx context.Context, id, worker string, sinceMs int64) (Lease, error) {
+	if sinceMs <= 0 {
+		return Lease{}, fmt.Errorf("acquire %s: %w: unheld since %d", id, ErrInvalid, sinceMs)
+	}
+	return s.acquire(ctx, id, worker, 0, sinceMs)
+}
+
+// acquire is AcquireAbove; with unheldMs > 0, AcquireUnheld too.
+func (s *Store) acquire(ctx context.Context, id, worker string, floor, unheldMs int64) (Lease, error) {
 	if err := validIDs(id, worker); err != nil {
 		return Lease{}, fmt.Errorf("acquire %s: %w", id, err)
 	}
@@ -40,12 +60,20 @@ func (s *Store) AcquireAbove(ctx context.Context, id, worker string, floor int64
 	now := s.nowMs()
 	first := max(now, floor+1)
 	try := versionTry{version: first, cond: expression.Or(nameVersion.AttributeNotExists(), nameVersion.LessThan(num(first)))}
+	var extra expression.ConditionBuilder
+	if unheldMs > 0 {
+		extra = unheldSince(unheldMs)
+	}
 	for attempt := 0; ; attempt++ {
+		try.cond = all(try.cond, extra)
 		it, old, err := s.acquireOnce(ctx, id, worker, now, try)
 		if err == nil {
 			return s.acquired(ctx, id, worker, it, old, try.note != "")
 		}
 		next, retry := s.versionRetry(old, now, first)
+		if unheldMs > 0 && errors.Is(err, ErrHeld) && !markedSince(old, unheldMs) && free(old, now-s.cfg.SkewMargin.Milliseconds()) {
+			return Lease{}, fmt.Errorf("acquire %s: %w: free, but not marked %s at %d or earlier", id, ErrHeld, schema.AttrUnheldSince, unheldMs)
+		}
 		if attempt > 0 || !retry {
 			return Lease{}, err
 		}

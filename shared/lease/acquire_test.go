@@ -232,3 +232,49 @@ func TestAcquireBadSpecIsGivenBack(t *testing.T) {
 		t.Fatalf("lease spec %+v", l.Spec)
 	}
 }
+
+// An acquire no stream record drove (the start-up pass) takes a free lease only once
+// it has carried the reconciler's unheld mark since the given time: a stale released
+// image written back over a live holder's lease carries none (every acquire removes
+// it), and its holder takes the lease back before a mark can age.
+func TestAcquireUnheldNeedsAnOldMark(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	now := nowMs()
+	for _, c := range []struct {
+		id   string
+		mark types.AttributeValue // nil: none
+		ok   bool
+	}{
+		{"unmarked", nil, false},
+		{"young", codec.N(now), false},
+		{"old", codec.N(now - 10_000), true},
+		{"string", codec.S("1"), false},
+		{"zero", codec.N(0), false},
+	} {
+		it := codec.EncodeConnection(started(c.id))
+		if c.mark != nil {
+			it[schema.AttrUnheldSince] = c.mark
+		}
+		f.putRaw(it)
+		l, err := s.AcquireUnheld(f.ctx, c.id, "w1", now-5_000)
+		if c.ok {
+			if err != nil || l.Owner != "w1" {
+				t.Errorf("%s: %+v, %v", c.id, l, err)
+			}
+			if f.raw(c.id)[schema.AttrUnheldSince] != nil {
+				t.Errorf("%s: the mark survived the acquire", c.id)
+			}
+			continue
+		}
+		if !errors.Is(err, lease.ErrHeld) || !strings.Contains(err.Error(), schema.AttrUnheldSince) {
+			t.Errorf("%s: %+v, %v; want ErrHeld naming the mark", c.id, l, err)
+		}
+		if f.get(c.id).Owned() {
+			t.Errorf("%s: acquired without an old enough mark", c.id)
+		}
+	}
+	if _, err := s.AcquireUnheld(f.ctx, "old", "w1", 0); !errors.Is(err, lease.ErrInvalid) {
+		t.Errorf("since 0: %v, want ErrInvalid", err)
+	}
+}

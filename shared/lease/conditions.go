@@ -69,6 +69,18 @@ func free(raw codec.Item, staleMs int64) bool {
 	return err == nil && ((ownerless && e == 0) || (e != 0 && e < staleMs))
 }
 
+// unheldSince: the item carries the reconciler's mark (unheld_since_ms), written at
+// sinceMs or earlier (a mark of another type compares as false).
+func unheldSince(sinceMs int64) expression.ConditionBuilder {
+	return expression.And(nameUnheld.GreaterThan(num(0)), nameUnheld.LessThanEqual(num(sinceMs)))
+}
+
+// markedSince is unheldSince evaluated on a raw item.
+func markedSince(raw codec.Item, sinceMs int64) bool {
+	m, err := codec.Int(raw, schema.AttrUnheldSince)
+	return raw[schema.AttrUnheldSince] != nil && err == nil && m > 0 && m <= sinceMs
+}
+
 // startedCondition: the item exists and its desired_state is STARTED.
 func startedCondition() expression.ConditionBuilder {
 	return expression.And(namePK.AttributeExists(), nameState.Equal(str(string(schema.Started))))

@@ -231,7 +231,7 @@ func (s *stack) checkNoMoveTwiceWithinCooling(t *testing.T, cooling time.Duratio
 // never two deliverers: fleet.CheckSerial); two upstream sockets at once only for
 // a handoff's short overlap.
 func (s *stack) checkDeliveries(t *testing.T, col *fleet.Collector, ids []string) {
-	r := col.CheckPlanned(ids)
+	r := col.CheckPlanned(ids, nil)
 	for _, err := range r.Problems {
 		t.Error(err)
 	}

@@ -160,17 +160,34 @@ func Stints(arr []Arrival) []Stint {
 // returns the gaps between stints: the time from the old owner's last delivery to
 // the new owner's first.
 func CheckSerial(arr []Arrival) ([]time.Duration, error) {
+	gaps, _, err := CheckSerialReplays(arr, nil)
+	return gaps, err
+}
+
+// CheckSerialReplays is CheckSerial that also accepts a replay: the worker that
+// delivered the previous message going back to an earlier sequence (at least 1)
+// and on, one by one, from there, where replayed(worker) says that worker gave up
+// on a sink write of this connection (it resumes from its last checkpoint: at least
+// once, not a handoff's doing). A second worker interleaving, or the replaying
+// worker running two sessions, still breaks the one-by-one order. It returns the
+// gaps between stints and the number of replays.
+func CheckSerialReplays(arr []Arrival, replayed func(worker string) bool) ([]time.Duration, int, error) {
 	var gaps []time.Duration
+	replays := 0
 	for i := 1; i < len(arr); i++ {
 		p, a := arr[i-1], arr[i]
 		if a.Seq != p.Seq+1 {
-			return gaps, fmt.Errorf("%s delivered %d right after %s delivered %d: a gap, a duplicate or two deliverers", a.Worker, a.Seq, p.Worker, p.Seq)
+			if a.Worker == p.Worker && a.Seq >= 1 && a.Seq <= p.Seq && replayed != nil && replayed(a.Worker) {
+				replays++
+				continue
+			}
+			return gaps, replays, fmt.Errorf("%s delivered %d right after %s delivered %d: a gap, a duplicate or two deliverers", a.Worker, a.Seq, p.Worker, p.Seq)
 		}
 		if a.Worker != p.Worker {
 			gaps = append(gaps, a.At.Sub(p.At))
 		}
 	}
-	return gaps, nil
+	return gaps, replays, nil
 }
 
 // LandedAfterPause splits off the arrivals from worker that were read before it was
@@ -195,12 +212,14 @@ func LandedAfterPause(arr []Arrival, worker string, at time.Time) ([]Arrival, []
 type Planned struct {
 	Gaps     []time.Duration // between stints, sorted
 	Moved    int             // connections delivered by more than one worker
+	Replays  int             // replays CheckSerialReplays accepted
 	Problems []error         // one per connection that broke CheckSerial or delivered nothing
 }
 
-// CheckPlanned runs CheckSerial over every connection of ids, as a run with only
-// planned moves must pass it.
-func (c *Collector) CheckPlanned(ids []string) Planned {
+// CheckPlanned runs CheckSerialReplays over every connection of ids, as a run with
+// only planned moves must pass it. replayed(worker, id) says whether worker gave up
+// on a sink write of connection id (nil: no replay is accepted).
+func (c *Collector) CheckPlanned(ids []string, replayed func(worker, id string) bool) Planned {
 	var r Planned
 	for _, id := range ids {
 		arr := c.Arrivals(id)
@@ -208,11 +227,16 @@ func (c *Collector) CheckPlanned(ids []string) Planned {
 			r.Problems = append(r.Problems, fmt.Errorf("%s: nothing delivered", id))
 			continue
 		}
-		g, err := CheckSerial(arr)
+		var ok func(string) bool
+		if replayed != nil {
+			ok = func(w string) bool { return replayed(w, id) }
+		}
+		g, n, err := CheckSerialReplays(arr, ok)
 		if err != nil {
 			r.Problems = append(r.Problems, fmt.Errorf("%s: %w (stints %+v)", id, err, Stints(arr)))
 		}
 		r.Gaps = append(r.Gaps, g...)
+		r.Replays += n
 		if len(Stints(arr)) > 1 {
 			r.Moved++
 		}
@@ -225,10 +249,10 @@ func (c *Collector) CheckPlanned(ids []string) Planned {
 func (r Planned) String() string {
 	g := r.Gaps
 	if len(g) == 0 {
-		return fmt.Sprintf("no change of deliverer over %d connections", r.Moved)
+		return fmt.Sprintf("no change of deliverer over %d connections; %d replays after a sink write given up", r.Moved, r.Replays)
 	}
-	return fmt.Sprintf("%d changes of deliverer over %d connections; gap between owners: median %s, p99 %s, max %s",
-		len(g), r.Moved, g[len(g)/2], g[len(g)*99/100], g[len(g)-1])
+	return fmt.Sprintf("%d changes of deliverer over %d connections; gap between owners: median %s, p99 %s, max %s; %d replays after a sink write given up",
+		len(g), r.Moved, g[len(g)/2], g[len(g)*99/100], g[len(g)-1], r.Replays)
 }
 
 // CheckOneDeliverer is the invariant of every run, crashes included (where a new

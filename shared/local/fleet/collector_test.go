@@ -46,6 +46,35 @@ func TestDeliveryChecks(t *testing.T) {
 	}
 }
 
+// A worker that gave up on a sink write resumes from its checkpoint: a replay is
+// accepted for it alone, and only as one run going on one by one from the rewind.
+func TestCheckSerialReplays(t *testing.T) {
+	gaveUp := func(w string) bool { return w == "a" }
+	for _, tc := range []struct {
+		name    string
+		arr     []Arrival
+		replays int
+		ok      bool
+	}{
+		{"replay after a sink failure", arrivals("a", 1, 26, "a", 17, 40, "b", 41, 50), 1, true},
+		{"one record again", arrivals("a", 1, 160, "a", 160, 170), 1, true},
+		{"replay by a worker that gave up nothing", arrivals("b", 1, 26, "b", 17, 40), 0, false},
+		{"replay then the old session again", arrivals("a", 1, 26, "a", 17, 18, "a", 27, 27), 1, false},
+		{"another worker's repeat", arrivals("a", 1, 26, "b", 17, 40), 0, false},
+		{"a gap after a replay", arrivals("a", 1, 26, "a", 17, 20, "a", 22, 30), 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, n, err := CheckSerialReplays(tc.arr, gaveUp)
+			if (err == nil) != tc.ok || n != tc.replays {
+				t.Errorf("%d replays, %v; want %d, ok %v", n, err, tc.replays, tc.ok)
+			}
+			if _, err := CheckSerial(tc.arr); err == nil {
+				t.Error("CheckSerial accepted a replay")
+			}
+		})
+	}
+}
+
 // Only the paused worker's messages produced before the pause and arriving after it
 // are split off.
 func TestLandedAfterPause(t *testing.T) {

@@ -2,6 +2,8 @@ package fleet_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,7 +17,8 @@ import (
 // connections, one at a time, with SIGTERM: each drain hands its connections to the
 // others make-before-break. Over the whole run, per connection: no sequence gap, no
 // duplicate, one deliverer at a time (arrival order at the sink is exactly 1, 2, 3,
-// … across workers), and two upstream sockets at once only for the short overlap of
+// … across workers, but for a worker's own replay after a sink write it gave up on:
+// fleet.CheckSerialReplays), and two upstream sockets at once only for the short overlap of
 // a handoff. Every connection a drain moves is handed off, none released.
 func TestRollingDeploy(t *testing.T) {
 	if testing.Short() {
@@ -77,7 +80,11 @@ func TestRollingDeploy(t *testing.T) {
 	}
 	waitFor(t, 15*time.Second, "all connections streaming at the end", func() (bool, string) { return f.streamingElsewhere(ids, "") })
 	time.Sleep(2 * testRenew) // let the sinks catch up
-	r := col.CheckPlanned(ids)
+	// A worker that gave up on a sink write (the test fleets' sink timeout is the
+	// 500 ms sink window, which a loaded machine can exceed) resumes from its last
+	// checkpoint and repeats what it delivered since: at least once, and said in its
+	// log. Only such a worker's own replay is accepted.
+	r := col.CheckPlanned(ids, func(worker, id string) bool { return gaveUpSinkWrite(f.dir, worker, id) })
 	for _, err := range r.Problems {
 		t.Error(err)
 	}
@@ -91,4 +98,19 @@ func TestRollingDeploy(t *testing.T) {
 			t.Errorf("%s: two upstream clients at once for %s", id, o.Longest)
 		}
 	}
+}
+
+// gaveUpSinkWrite reports whether worker's log says it gave up on a sink write of
+// connection id (its stream stopped on a sink error and resumes from its checkpoint).
+func gaveUpSinkWrite(dir, worker, id string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "logs", worker+".log"))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, `"conn":"`+id+`"`) && strings.Contains(line, `"err":"sink: `) {
+			return true
+		}
+	}
+	return false
 }

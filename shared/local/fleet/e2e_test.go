@@ -111,8 +111,26 @@ func TestFleetEndToEnd(t *testing.T) {
 		}
 		// Give the resumed worker every chance to misbehave, then check it did not.
 		time.Sleep(3 * testRenew)
-		if ok, why := f.streamingElsewhere(victims, p.ID); !ok {
-			t.Errorf("after SIGCONT: %s", why)
+		cs := f.conns()
+		for _, id := range victims {
+			if c := cs[id]; !c.Owned() || c.LeaseOwner == p.ID {
+				t.Errorf("after SIGCONT: %s owned by %q", id, c.LeaseOwner)
+			}
+		}
+		// One upstream client each. A session that gave up on a sink write (the
+		// 500 ms sink window, which a loaded machine can exceed) is reconnecting
+		// after a backoff of at most 500 ms: give it a renew interval.
+		deadline := time.Now().Add(testRenew)
+		for {
+			ok, why := f.streamingElsewhere(victims, p.ID)
+			if ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("after SIGCONT: %s", why)
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 		if mine := f.ownedBy(p.ID); len(mine) != 0 {
 			t.Errorf("the resumed worker owns %v again", mine)

@@ -171,7 +171,11 @@ func New(cfg config.Config, d Deps) (*App, error) {
 	}
 	if !d.NoStartupPass {
 		oc.Candidates = func(ctx context.Context) ([]string, error) {
-			return owner.ScanCandidates(ctx, d.DB, cfg.Table, now(), cfg.SkewMargin, 2*cfg.MaxConnections)
+			var unheldBefore time.Time
+			if stream {
+				unheldBefore = now().Add(-owner.UnheldHold(cfg.CheckpointInterval, cfg.BackstopInterval, cfg.RenewInterval, cfg.SkewMargin))
+			}
+			return owner.ScanCandidates(ctx, d.DB, cfg.Table, now(), cfg.SkewMargin, 2*cfg.MaxConnections, unheldBefore)
 		}
 	}
 	reg := &registry.Registry{DB: d.DB, Table: cfg.Table}

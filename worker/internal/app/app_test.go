@@ -163,6 +163,18 @@ func (e *env) putConn(id string, state schema.State) {
 	}
 }
 
+// putUnheld writes a STARTED connection as the reconciler's sweep leaves one nobody
+// took: free, carrying its unheld mark for an hour (what the start-up pass takes).
+func (e *env) putUnheld(id string) {
+	e.t.Helper()
+	e.up.Touch(id)
+	it := codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: e.up.URL(id)})
+	it[schema.AttrUnheldSince] = codec.N(time.Now().Add(-time.Hour).UnixMilli())
+	if _, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table, Item: it}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func (e *env) get(id string) codec.Connection {
 	e.t.Helper()
 	c, err := e.store.Get(context.Background(), id)
@@ -659,11 +671,15 @@ func TestBadWakeupsChangeNothing(t *testing.T) {
 	// Draining (503) is covered in package server, where a draining owner is a fake.
 }
 
+// The start-up pass takes free connections up to capacity, but (stream mode) only
+// those that carried the reconciler's unheld mark long enough: a free item without
+// one may be a stale released image whose holder is taking it back.
 func TestStartupPassAcquiresUpToCapacity(t *testing.T) {
 	e := newEnv(t, 0)
 	for _, id := range []string{"a", "b", "c"} {
-		e.putConn(id, schema.Started)
+		e.putUnheld(id)
 	}
+	e.putConn("unmarked", schema.Started)
 	e.putConn("stopped", schema.Stopped)
 	e.putConn("held", schema.Started)
 	if _, err := e.store.Acquire(context.Background(), "held", "other"); err != nil {

@@ -144,42 +144,112 @@ func TestAmbiguousAcquireIsTakenUp(t *testing.T) {
 	}
 }
 
-// lease_owner set by hand to another live worker (the version unchanged): the
-// displaced holder stops at its backstop read, the named worker adopts the lease
-// after its quarantine under a new version, and the two never deliver at once.
+// lease_owner set by hand to another live worker. With the version unchanged, the
+// holder's next owner write takes its lease back (shared/lease: its own version under
+// another owner belongs to no other session), so it never stops and the named worker,
+// whose adopt is conditioned on the item still naming it, never delivers. With a
+// higher version written too (an image nobody acquired), the holder stops at that
+// write (ErrLost) and the named worker adopts the lease after its quarantine under a
+// new version. Either way the two never deliver at once.
 func TestOwnerHandedToAnotherLiveWorkerNeverOverlaps(t *testing.T) {
+	quarantine := max(2*interval+3*interval, deadline+interval)
+	t.Run("version unchanged: the holder takes it back", func(t *testing.T) {
+		e, l, w1, w2, v1 := handedStart(t)
+		e.update("c1", "SET #o = :o", map[string]types.AttributeValue{":o": codec.S("w2")}, map[string]string{"#o": schema.AttrLeaseOwner})
+		edited := time.Now()
+		took := waitFor(t, 5*time.Second, "c1 naming w1 again", func() bool { return e.get("c1").LeaseOwner == "w1" })
+		// Past the named worker's quarantine and the pass that would adopt.
+		time.Sleep(time.Until(edited.Add(quarantine + 2*2*interval + 2*interval)))
+		if c := e.get("c1"); c.LeaseOwner != "w1" || c.LeaseVersion != v1 {
+			t.Fatalf("c1 %s at %d, want w1 at its own version %d", c.LeaseOwner, c.LeaseVersion, v1)
+		}
+		if n := l.count("c1", "w2"); n != 0 {
+			t.Fatalf("w2 delivered %d messages of a lease it never held", n)
+		}
+		before := l.count("c1", "w1")
+		waitFor(t, 5*time.Second, "w1 still streaming", func() bool { return l.count("c1", "w1") >= before+20 })
+		if w1.Metrics.LeasesLost.Load() != 0 || w2.Metrics.PhantomsAdopted.Load() != 0 {
+			t.Fatalf("w1 leases lost %d, w2 phantoms adopted %d", w1.Metrics.LeasesLost.Load(), w2.Metrics.PhantomsAdopted.Load())
+		}
+		t.Logf("w1 took its lease back %s after the edit and never stopped", took.Round(time.Millisecond))
+	})
+	t.Run("higher version: the holder stops, the named worker adopts", func(t *testing.T) {
+		e, l, w1, w2, v1 := handedStart(t)
+		edited := time.Now()
+		e.update("c1", "SET #o = :o, #v = :v", map[string]types.AttributeValue{":o": codec.S("w2"), ":v": codec.N(v1 + 1000)},
+			map[string]string{"#o": schema.AttrLeaseOwner, "#v": schema.AttrLeaseVersion})
+		took := waitFor(t, 10*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
+		var lastW1, firstW2 time.Time
+		for _, d := range l.get("c1") {
+			switch {
+			case d.worker == "w1":
+				lastW1 = d.at
+			case d.worker == "w2" && firstW2.IsZero():
+				firstW2 = d.at
+				if d.version <= v1+1000 {
+					t.Errorf("w2 delivered under version %d, not above the edited %d", d.version, v1+1000)
+				}
+			}
+		}
+		if !lastW1.Before(firstW2) {
+			t.Fatalf("two deliverers: w1 delivered until %s, w2 from %s", lastW1.Format(time.StampMilli), firstW2.Format(time.StampMilli))
+		}
+		if firstW2.Sub(edited) < quarantine {
+			t.Fatalf("w2 delivered %s after the edit, before its quarantine %s", firstW2.Sub(edited), quarantine)
+		}
+		if w1.Metrics.LeasesLost.Load() != 1 || w2.Metrics.PhantomsAdopted.Load() != 1 {
+			t.Fatalf("w1 leases lost %d, w2 phantoms adopted %d", w1.Metrics.LeasesLost.Load(), w2.Metrics.PhantomsAdopted.Load())
+		}
+		t.Logf("w1 stopped %s after the edit; w2 delivered from %s after it (%s with nobody delivering); streaming again after %s",
+			lastW1.Sub(edited).Round(time.Millisecond), firstW2.Sub(edited).Round(time.Millisecond),
+			firstW2.Sub(lastW1).Round(time.Millisecond), took.Round(time.Millisecond))
+	})
+}
+
+// handedStart starts two handoff workers with a fast backstop, w1 streaming c1, and
+// returns them with c1's version.
+func handedStart(t *testing.T) (*env, *ledger, *worker, *worker, int64) {
 	e := newEnv(t, rate)
-	var l ledger
-	w1 := e.handoffWorker("w1", &l, opts{backstop: 2 * interval})
-	w2 := e.handoffWorker("w2", &l, opts{backstop: 2 * interval})
+	l := &ledger{}
+	w1 := e.handoffWorker("w1", l, opts{backstop: 2 * interval})
+	w2 := e.handoffWorker("w2", l, opts{backstop: 2 * interval})
 	e.putConn("c1", schema.Started)
 	if r := e.wake(w1, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
 		t.Fatalf("wake: %+v", r)
 	}
 	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
-	v1 := e.get("c1").LeaseVersion
-	edited := time.Now()
-	e.update("c1", "SET #o = :o", map[string]types.AttributeValue{":o": codec.S("w2")}, map[string]string{"#o": schema.AttrLeaseOwner})
-	took := waitFor(t, 10*time.Second, "w2 streaming", func() bool { return l.count("c1", "w2") >= 20 })
-	var lastW1, firstW2 time.Time
-	for _, d := range l.get("c1") {
-		switch {
-		case d.worker == "w1":
-			lastW1 = d.at
-		case d.worker == "w2" && firstW2.IsZero():
-			firstW2 = d.at
-			if d.version <= v1 {
-				t.Errorf("w2 delivered under version %d, not above w1's %d", d.version, v1)
-			}
-		}
+	return e, l, w1, w2, e.get("c1").LeaseVersion
+}
+
+// A stale released image (no owner, expiry 0, a lower version: the item as it was
+// before the holder's acquire) written back while the holder streams, and a worker
+// starting right then: its start-up pass must not take the lease, which only looks
+// free (the holder takes it back at its next checkpoint); before the pass required
+// the reconciler's unheld mark, it did, and both delivered until that checkpoint.
+func TestStartupPassLeavesAStaleReleasedImage(t *testing.T) {
+	e := newEnv(t, rate)
+	var l ledger
+	w1 := e.handoffWorker("w1", &l, opts{checkpoint: 3 * time.Second})
+	e.putConn("c1", schema.Started)
+	if r := e.wake(w1, wakeup.NeedsOwner, 0, "c1"); r[0].Result != wakeup.Acquired {
+		t.Fatalf("wake: %+v", r)
 	}
-	if !lastW1.Before(firstW2) {
-		t.Fatalf("two deliverers: w1 delivered until %s, w2 from %s", lastW1.Format(time.StampMilli), firstW2.Format(time.StampMilli))
+	waitFor(t, 5*time.Second, "w1 streaming", func() bool { return l.count("c1", "w1") >= 50 })
+	c := e.get("c1")
+	stale := codec.EncodeConnection(codec.Connection{ID: "c1", DesiredState: schema.Started, WSURL: c.WSURL,
+		LeaseVersion: c.LeaseVersion - 1000, Status: "released"})
+	stale[schema.AttrLeaseExpires] = codec.N(0)
+	if _, err := e.db.DB.PutItem(context.Background(), &dynamodb.PutItemInput{TableName: &e.db.Table, Item: stale}); err != nil {
+		t.Fatal(err)
 	}
-	if w1.Metrics.LeasesLost.Load() != 1 || w2.Metrics.PhantomsAdopted.Load() != 1 {
-		t.Fatalf("w1 leases lost %d, w2 phantoms adopted %d", w1.Metrics.LeasesLost.Load(), w2.Metrics.PhantomsAdopted.Load())
+	w2 := e.handoffWorker("w2", &l, opts{startup: true})
+	waitFor(t, 10*time.Second, "c1 named by w1 again, or taken by w2", func() bool {
+		return e.get("c1").LeaseOwner == "w1" || w2.Metrics.Acquisitions.Load() != 0
+	})
+	if n := l.count("c1", "w2"); n != 0 || w2.Metrics.Acquisitions.Load() != 0 {
+		t.Fatalf("w2 took the stale image in its start-up pass: %d messages, %d acquisitions", n, w2.Metrics.Acquisitions.Load())
 	}
-	t.Logf("w1 stopped %s after the edit; w2 delivered from %s after it (%s with nobody delivering); streaming again after %s",
-		lastW1.Sub(edited).Round(time.Millisecond), firstW2.Sub(edited).Round(time.Millisecond),
-		firstW2.Sub(lastW1).Round(time.Millisecond), took.Round(time.Millisecond))
+	if w1.Metrics.LeasesLost.Load() != 0 {
+		t.Fatal("w1 lost its lease to a stale image")
+	}
 }

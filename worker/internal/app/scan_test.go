@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb"
+	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/sockfleet/sockfleet/shared/local/ddbtest"
 	"github.com/sockfleet/sockfleet/shared/schema"
 	"github.com/sockfleet/sockfleet/shared/schema/codec"
@@ -41,12 +42,31 @@ func TestStartupScanListsFreeStartedConnections(t *testing.T) {
 	if _, err := e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &e.Table, Item: w}); err != nil {
 		t.Fatal(err)
 	}
-	ids, err := owner.ScanCandidates(ctx, e.DB, e.Table, now, margin, 100)
+	ids, err := owner.ScanCandidates(ctx, e.DB, e.Table, now, margin, 100, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	slices.Sort(ids)
 	if want := []string{"expired", "never-owned", "released"}; !slices.Equal(ids, want) {
 		t.Errorf("candidates %v, want %v", ids, want)
+	}
+	// Stream mode: only free items that carried the unheld mark since the given time.
+	mark := func(id string, v types.AttributeValue) {
+		t.Helper()
+		it := codec.EncodeConnection(codec.Connection{ID: id, DesiredState: schema.Started, WSURL: "ws://up/" + id})
+		it[schema.AttrUnheldSince] = v
+		if _, err := e.DB.PutItem(ctx, &dynamodb.PutItemInput{TableName: &e.Table, Item: it}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mark("marked-old", codec.N(now.Add(-time.Hour).UnixMilli()))
+	mark("marked-young", codec.N(now.UnixMilli()))
+	mark("marked-string", codec.S("1"))
+	ids, err = owner.ScanCandidates(ctx, e.DB, e.Table, now, margin, 100, now.Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"marked-old"}; !slices.Equal(ids, want) {
+		t.Errorf("stream-mode candidates %v, want %v", ids, want)
 	}
 }

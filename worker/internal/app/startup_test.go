@@ -101,7 +101,7 @@ func TestRenewNotDelayedByBulkWrites(t *testing.T) {
 	const n = 240 // checkpoint passes of n/32 rounds x interval = 3s, beyond the 2s fence
 	e := newEnv(t, 0)
 	for i := range n {
-		e.putConn(fmt.Sprintf("c%03d", i), schema.Started)
+		e.putUnheld(fmt.Sprintf("c%03d", i))
 	}
 	g := &bulkGate{writes: map[string]int{}}
 	w := e.worker("w1", opts{max: n, startup: true, transport: g})

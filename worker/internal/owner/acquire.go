@@ -21,7 +21,7 @@ const detailStandingBy = "standing by for a handoff to this worker, not its owne
 // Acquire tries to take connection id and start streaming it. Its lease.acquire span
 // (a child of ctx's: the wakeup's, or none) is the parent of the session it starts.
 func (m *Manager) Acquire(ctx context.Context, id string) (wakeup.Result, string) {
-	return m.acquire(ctx, id, 0)
+	return m.acquire(ctx, id, 0, 0)
 }
 
 // floorAcquirer is a store that can acquire above a version floor
@@ -31,8 +31,10 @@ type floorAcquirer interface {
 }
 
 // acquire is Acquire writing a version above floor (a needs-owner wakeup's
-// lease_version: one the reconciler saw issued), when the store can.
-func (m *Manager) acquire(ctx context.Context, id string, floor int64) (r wakeup.Result, detail string) {
+// lease_version: one the reconciler saw issued), when the store can; with
+// unheldMs > 0 (stream mode's start-up pass), of a lease that carried the
+// reconciler's unheld mark since then (lease.Store.AcquireUnheld).
+func (m *Manager) acquire(ctx context.Context, id string, floor, unheldMs int64) (r wakeup.Result, detail string) {
 	ctx, span := tracer.Start(ctx, "lease.acquire", trace.WithAttributes(tracing.Conn(id), tracing.Worker(m.cfg.WorkerID)))
 	defer func() {
 		span.SetAttributes(tracing.Result(string(r)))
@@ -71,6 +73,8 @@ func (m *Manager) acquire(ctx context.Context, id string, floor int64) (r wakeup
 	var err error
 	if fa, ok := m.cfg.Store.(floorAcquirer); ok && floor > 0 {
 		l, err = fa.AcquireAbove(ctx, id, m.cfg.WorkerID, floor)
+	} else if unheldMs > 0 {
+		l, err = m.cfg.Member.Store.AcquireUnheld(ctx, id, m.cfg.WorkerID, unheldMs)
 	} else {
 		l, err = m.cfg.Store.Acquire(ctx, id, m.cfg.WorkerID)
 	}
@@ -171,11 +175,11 @@ func (m *Manager) wakeOne(ctx context.Context, c wakeup.Conn, targets func() ([]
 		case <-ctx.Done():
 			return wakeup.Failed, "stopping the lost session: " + ctx.Err().Error()
 		}
-		return m.acquire(ctx, c.ID, c.LeaseVersion)
+		return m.acquire(ctx, c.ID, c.LeaseVersion, 0)
 	case c.Reason == wakeup.Check:
 		return wakeup.LostRace, "not held by this worker"
 	}
-	r, detail := m.acquire(ctx, c.ID, c.LeaseVersion)
+	r, detail := m.acquire(ctx, c.ID, c.LeaseVersion, 0)
 	if (r == wakeup.LostRace || detail == detailStandingBy) && m.ho != nil {
 		if r2, d2, ok := m.adoptNamed(ctx, c.ID); ok {
 			return r2, d2

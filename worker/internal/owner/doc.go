@@ -94,7 +94,11 @@
 //     or expiry alone) stay so until the holder's write, and the reconciler frees
 //     one without a record that names its holder only after a mark held NudgeAfter
 //     (shared/lease ReleaseAllOwnedByAfter, the sweep's nudge), longer than the
-//     holder takes. It stops (ErrLost)
+//     holder takes. A stale released image is free, and only the reconciler, from
+//     the record's old image, knows its holder; so the one acquire no record drives,
+//     the start-up pass, takes only a lease that carried that mark for UnheldHold
+//     (longer than the holder takes, plus the skew margin; lease.Store.AcquireUnheld).
+//     It stops (ErrLost)
 //     only under a higher version, which only an acquire or a transfer writes, after
 //     the previous session ended; so at no moment do two sessions deliver. An item
 //     the named owner does not run (created or duplicated naming it, deleted and

@@ -64,6 +64,9 @@ type MemberStore interface {
 	Get(ctx context.Context, id string) (codec.Connection, error)
 	// Renumber gives a lease taken up from the table a new version (reconcile.go).
 	Renumber(ctx context.Context, l lease.Lease, p lease.Progress) (lease.Lease, codec.Connection, error)
+	// AcquireUnheld acquires a lease that carried the reconciler's unheld mark since
+	// sinceMs (the start-up pass, startup.go).
+	AcquireUnheld(ctx context.Context, id, worker string, sinceMs int64) (lease.Lease, error)
 }
 
 // streamMode is the stream-mode regime.

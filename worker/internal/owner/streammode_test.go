@@ -80,6 +80,10 @@ func (f *fakeMembers) Get(_ context.Context, id string) (codec.Connection, error
 	return codec.Connection{}, lease.ErrNotFound
 }
 
+func (f *fakeMembers) AcquireUnheld(context.Context, string, string, int64) (lease.Lease, error) {
+	panic("unexpected AcquireUnheld")
+}
+
 func (f *fakeMembers) Renumber(_ context.Context, l lease.Lease, _ lease.Progress) (lease.Lease, codec.Connection, error) {
 	f.t.Errorf("unexpected Renumber of %s", l.ID)
 	return lease.Lease{}, codec.Connection{}, lease.ErrLost
