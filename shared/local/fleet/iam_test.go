@@ -19,6 +19,7 @@ var unexercised = map[string]string{
 	"secretsmanager": "connection secrets come from a local JSON file and the wakeup key from the environment; no local process calls Secrets Manager",
 	"sns":            "the failed-batch destination is published to by the Lambda service, which the local stream poller plays without one",
 	"kinesis":        "the test fleets deliver to a collector; the Kinesis sink's permission is enforced by `make run SINK=kinesis`",
+	"xray":           "on AWS the ADOT collector (a sidecar, and a layer in the Lambda) exports spans to X-Ray; locally they go to Jaeger over OTLP, with no AWS call to enforce",
 }
 
 // TestIAMStatementsBite removes, one at a time, each statement of the worker's and

@@ -179,7 +179,12 @@ func TestSnapshotFailures(t *testing.T) {
 			s := specStream(t, cfg, up.URL("c1"), "c1", 0, sp)
 			stop := run(s)
 			waitFor(t, 5*time.Second, "the failure counted", func() bool { return cfg.Metrics.SnapshotErrors.Load() == 1 })
-			st := s.Status()
+			// The status is set after the count: wait for it rather than read it once.
+			var st Status
+			waitFor(t, 5*time.Second, "the failure in the status", func() bool {
+				st = s.Status()
+				return strings.Contains(st.Error, c.want)
+			})
 			waitFor(t, 5*time.Second, "deltas", func() bool { return len(snk.all()) >= 10 })
 			stop(ErrGraceful)
 			if !strings.Contains(st.Error, c.want) || !strings.Contains(st.Error, "streaming without it") {
