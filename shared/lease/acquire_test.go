@@ -278,3 +278,35 @@ func TestAcquireUnheldNeedsAnOldMark(t *testing.T) {
 		t.Errorf("since 0: %v, want ErrInvalid", err)
 	}
 }
+
+// A stale released image brings back the old mark it was saved with; MarkUnheld
+// restarts it, so the start-up pass cannot take the lease before the displaced
+// holder's next write. It touches only an unowned item at exactly that version.
+func TestMarkUnheldRestartsAStaleMark(t *testing.T) {
+	f := newFixture(t)
+	s := f.store(nil, 0)
+	now := nowMs()
+	c := started("stale")
+	c.LeaseVersion = 3
+	it := codec.EncodeConnection(c)
+	it[schema.AttrUnheldSince] = codec.N(now - 60_000)
+	f.putRaw(it)
+	if err := s.MarkUnheld(f.ctx, "stale", 3, time.UnixMilli(now)); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := codec.Int(f.raw("stale"), schema.AttrUnheldSince); err != nil || m != now {
+		t.Fatalf("mark %d, %v: want %d", m, err, now)
+	}
+	if _, err := s.AcquireUnheld(f.ctx, "stale", "w1", now-5_000); !errors.Is(err, lease.ErrHeld) {
+		t.Fatalf("start-up acquire over a restarted mark: %v, want ErrHeld", err)
+	}
+	if err := s.MarkUnheld(f.ctx, "stale", 2, time.UnixMilli(now)); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("another version: %v, want ErrLost", err)
+	}
+	owned := started("owned")
+	owned.LeaseOwner, owned.LeaseVersion, owned.LeaseExpiresAtMs = "w1", 3, schema.LeaseHeldByMember
+	f.putRaw(codec.EncodeConnection(owned))
+	if err := s.MarkUnheld(f.ctx, "owned", 3, time.UnixMilli(now)); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("an owned item: %v, want ErrLost", err)
+	}
+}

@@ -207,3 +207,23 @@ func (s *Store) releaseMarked(ctx context.Context, id, worker string, version in
 		return false, fmt.Errorf("release %s of %s: %w", id, worker, translate(err))
 	}
 }
+
+// MarkUnheld restarts the unheld mark (unheld_since_ms = now) of an unowned lease
+// at exactly version: what the reconciler does when a record shows a stale image
+// left the item unowned over a holder's lease. The image carries the mark it had
+// when it was saved, which may be old enough for the start-up pass and the sweep's
+// nudge to take it at once, before the displaced holder's next owner write takes it
+// back. Restarted, the mark holds every acquire but a wakeup's for the hold: longer
+// than the holder takes (docs/MEMBERSHIP.md). ErrLost: the item changed since (the
+// holder took it back, or a worker acquired it).
+func (s *Store) MarkUnheld(ctx context.Context, id string, version int64, now time.Time) error {
+	cond := expression.And(namePK.AttributeExists(), nameOwner.AttributeNotExists(), nameVersion.Equal(num(version)))
+	_, err := s.write(ctx, id, setAll(codec.Item{schema.AttrUnheldSince: codec.N(now.UnixMilli())}), cond, types.ReturnValueNone)
+	if isCondition(err) {
+		return fmt.Errorf("mark %s unheld at version %d: %w", id, version, ErrLost)
+	}
+	if err != nil {
+		return fmt.Errorf("mark %s unheld: %w", id, err)
+	}
+	return nil
+}

@@ -68,6 +68,7 @@ type Registry interface {
 type Leases interface {
 	ReleaseAllOwnedBy(ctx context.Context, worker string) ([]string, error)
 	ReleaseStale(ctx context.Context, id, owner string, version, holderVersion int64) error
+	MarkUnheld(ctx context.Context, id string, version int64, now time.Time) error
 	ReportInvalid(ctx context.Context, id, problem string) error
 }
 
@@ -308,6 +309,7 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	for i, id := range order {
 		ds[i] = latest[id].d
 	}
+	h.restartMarks(ctx, now, ds)
 	var bad []error
 	var err error
 	if !listed {
@@ -345,6 +347,22 @@ func (h *Handler) HandleStream(ctx context.Context, ev events.DynamoDBEvent) (ev
 	}
 	h.metric(ctx, now, emf.Metric{Name: schema.MetricWakeupsUndelivered, Unit: emf.Count, Value: float64(len(resp.BatchItemFailures))})
 	return resp, nil
+}
+
+// restartMarks restarts the unheld mark of each stale image that left its item
+// unowned over a holder's lease (lease.Store.MarkUnheld), before the holder is
+// asked: the mark the image carried may be old enough for a worker's start-up pass
+// or the sweep's nudge to take the lease before the holder takes it back. A failure
+// is logged: the check to the holder still goes out.
+func (h *Handler) restartMarks(ctx context.Context, now time.Time, ds []records.Decision) {
+	for _, d := range ds {
+		if d.Why != records.WhyStale || d.Image.Owner != "" {
+			continue
+		}
+		if err := h.d.Leases.MarkUnheld(ctx, d.ID, d.Image.Version, now); err != nil && !errors.Is(err, lease.ErrLost) {
+			h.d.Log.WarnContext(ctx, "restart the unheld mark of a stale image", "id", d.ID, "err", err)
+		}
+	}
 }
 
 // repair finishes what delivery cannot: it writes an unusable item's problem on the

@@ -50,10 +50,11 @@ func (f *fakeRegistry) Gone(_ context.Context, id string, _ time.Time) error {
 }
 
 type fakeLeases struct {
-	t     *testing.T
-	allow bool
-	calls []string
-	err   error
+	t      *testing.T
+	allow  bool
+	calls  []string
+	err    error
+	marked []string // MarkUnheld calls, id@version
 }
 
 func (f *fakeLeases) ReleaseAllOwnedBy(_ context.Context, worker string) ([]string, error) {
@@ -66,6 +67,11 @@ func (f *fakeLeases) ReleaseAllOwnedBy(_ context.Context, worker string) ([]stri
 
 func (f *fakeLeases) ReleaseAllOwnedByAfter(ctx context.Context, worker string, _ time.Duration) ([]string, error) {
 	return f.ReleaseAllOwnedBy(ctx, worker)
+}
+
+func (f *fakeLeases) MarkUnheld(_ context.Context, id string, version int64, _ time.Time) error {
+	f.marked = append(f.marked, fmt.Sprintf("%s@%d", id, version))
+	return nil
 }
 
 func (f *fakeLeases) ReleaseStale(_ context.Context, id, owner string, version, holderVersion int64) error {

@@ -49,6 +49,10 @@ func TestStaleReleasedImageIsOfferedOnceTheHolderLetGo(t *testing.T) {
 	}
 	// The offer carries the holder's version (5), not the stale image's (3), as the
 	// floor of the next acquire.
+	// The stale image's old unheld mark is restarted before the holder is asked.
+	if want := []string{"c1@3"}; !reflect.DeepEqual(r.leases.marked, want) {
+		t.Errorf("marks restarted %v, want %v", r.leases.marked, want)
+	}
 	want := []wakeup.Conn{{ID: "c1", LeaseVersion: 5, Reason: wakeup.NeedsOwner}}
 	if got := r.sender.calls["w2:8080"]; !reflect.DeepEqual(got, want) {
 		t.Errorf("w2 got %+v, want %+v", got, want)
