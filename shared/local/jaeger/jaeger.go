@@ -14,7 +14,6 @@
 package jaeger
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +24,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/sockfleet/sockfleet/shared/local/localengine"
 )
 
 // BinEnv overrides where the Jaeger binary is looked for.
@@ -250,25 +251,8 @@ func (p *Proc) Client() *Client { return &Client{Base: p.UI} }
 // FindBin returns the Jaeger binary: $SOCKFLEET_JAEGER, or .tools/bin/jaeger in this
 // or a parent directory. Its error says how to build it.
 func FindBin() (string, error) {
-	if p := os.Getenv(BinEnv); p != "" {
-		return p, nil
-	}
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		p := filepath.Join(dir, binRel)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("the local trace backend (Jaeger) is not built: run `make local-tools` in the repository root " +
-				"(make test and make run do this), or set " + BinEnv)
-		}
-		dir = parent
-	}
+	return localengine.Find(BinEnv, binRel, "", "the local trace backend (Jaeger) is not built: run `make local-tools` in the repository root "+
+		"(make test and make run do this), or set "+BinEnv)
 }
 
 func loopback(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
