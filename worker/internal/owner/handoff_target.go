@@ -251,7 +251,10 @@ func (m *Manager) adopt(ctx context.Context, id string, version, seq, epoch int6
 	case o != nil || m.acquiring[id] || (m.ho != nil && m.ho.standby[id] != nil):
 		m.mu.Unlock()
 		return refused("held, being taken, or standing by here")
-	case m.ho != nil && m.ho.endedAt(id) >= version:
+	case m.ho != nil && !renumber && m.ho.endedAt(id) >= version:
+		// A late commit of a session that ended here. A phantom adoption (renumber)
+		// is not one: it waited out its quarantine and writes a version of its own,
+		// so no session's version is used twice.
 		m.mu.Unlock()
 		return refused("version %d already ended here", version)
 	}
